@@ -1,0 +1,1 @@
+"""Reproducible pipelines for the project's headline results."""

@@ -1,0 +1,5 @@
+"""mpjax: functional mixed precision for JAX."""
+
+from mpjax import formats
+
+__all__ = ["formats"]

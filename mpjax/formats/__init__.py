@@ -1,0 +1,3 @@
+"""Bit-exact number formats in pure jax.numpy."""
+
+__all__: list[str] = []

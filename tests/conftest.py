@@ -1,0 +1,36 @@
+"""Shared pytest configuration.
+
+Every test runs with JAX's strict dtype promotion and rank promotion set to "raise",
+so an accidental float64/float32 or rank mix in library code fails loudly. Tests that
+exercise third-party code which promotes internally (optax, flax) opt out with
+``@pytest.mark.standard_promotion``. 64-bit types are off by default, as in JAX; a
+test that needs them takes the ``x64`` fixture, which enables them only for itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Two host devices let sharded code paths run on a CPU-only machine. Must be set
+# before JAX initialises its backends.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _strict_promotion(request):
+    if request.node.get_closest_marker("standard_promotion") is not None:
+        with jax.numpy_rank_promotion("raise"):
+            yield
+        return
+    with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
+        yield
+
+
+@pytest.fixture
+def x64():
+    """Enable 64-bit types for the duration of one test."""
+    with jax.enable_x64(True):
+        yield
