@@ -1,0 +1,165 @@
+"""Command line: ``python -m experiments``.
+
+Usage::
+
+    python -m experiments reproduce [--quick | --full] [--out DIR] [--seed N]
+                                    [--only NAME[,NAME...]]
+    python -m experiments <pipeline> [--quick | --full] [--out DIR] [--seed N]
+    python -m experiments list
+
+``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
+``lbm_accuracy``, ``lbm_performance``) in order, prints each result table as it
+finishes, then the wall time of every pipeline, and writes ``summary.json`` and
+``REPORT.md`` next to the per-pipeline directories. ``--quick`` (the default) fits a
+2-core CPU in about ten minutes; ``--full`` runs paper-scale settings meant for a GPU.
+
+Results go to ``experiments/results/<pipeline>/`` (``--out`` to write elsewhere). Each
+run writes into a fresh temporary directory that replaces the old one when the pipeline
+finishes; the previous run is kept as ``<pipeline>.prev``. The exit status is 0 when
+every check of every pipeline passed, 1 otherwise (results are written either way),
+and 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from experiments import _framework
+from experiments._framework import PipelineOutcome
+
+
+def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments",
+        description="Reproduce the project's tables and figures.",
+    )
+    parser.add_argument(
+        "target",
+        help=f"'reproduce', 'list', or one pipeline: {', '.join(pipelines)}",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--quick",
+        dest="quick",
+        action="store_true",
+        default=True,
+        help="small settings for a 2-core CPU (default)",
+    )
+    mode.add_argument(
+        "--full",
+        dest="quick",
+        action="store_false",
+        help="paper-scale settings (meant for a GPU)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=_framework.DEFAULT_RESULTS_DIR,
+        help="parent directory of the result directories "
+        "(default: experiments/results)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="base random seed")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="with 'reproduce': comma-separated subset of pipelines to run",
+    )
+    return parser
+
+
+def _print_outcome(outcome: PipelineOutcome, write: Callable[[str], None]) -> None:
+    write(f"\n## {outcome.name}  ({outcome.wall_s:.1f} s)\n")
+    if outcome.error is not None:
+        write(outcome.error)
+        write(f"{outcome.name}: ERROR (previous results, if any, left in place)\n")
+        return
+    write(outcome.table.rstrip() + "\n")
+    failed = [k for k, v in outcome.checks.items() if not v]
+    status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
+    write(f"{outcome.name}: {status}; results in {outcome.out_dir}\n")
+
+
+def _print_wall_times(
+    outcomes: Sequence[PipelineOutcome], write: Callable[[str], None]
+) -> None:
+    write("\n| pipeline | status | wall time (s) |\n|---|---|---:|\n")
+    for o in outcomes:
+        status = "error" if o.error else ("pass" if o.passed else "FAIL")
+        write(f"| {o.name} | {status} | {o.wall_s:.1f} |\n")
+    write(f"| total | | {sum(o.wall_s for o in outcomes):.1f} |\n")
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    pipelines: Mapping[str, str | Callable[..., dict]] = _framework.PIPELINES,
+) -> int:
+    """Run the command line; return the process exit status.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+        pipelines: the pipeline registry (name -> module path or ``run`` callable).
+
+    Returns:
+        0 when every check passed, 1 when a check failed or a pipeline raised,
+        2 for a usage error.
+    """
+    parser = _parser(pipelines)
+    args = parser.parse_args(argv)
+    write = sys.stdout.write
+    if args.seed < 0:
+        parser.error(f"--seed is {args.seed}; expected a non-negative integer.")
+    if args.target == "list":
+        for name in pipelines:
+            write(name + "\n")
+        return 0
+    if args.target == "reproduce":
+        names = list(pipelines)
+        if args.only:
+            names = [n.strip() for n in args.only.split(",") if n.strip()]
+    elif args.target in pipelines:
+        if args.only:
+            parser.error("--only is only valid with 'reproduce'.")
+        names = [args.target]
+    else:
+        parser.error(
+            f"unknown target {args.target!r}; expected 'reproduce', 'list' or one "
+            f"of: {', '.join(pipelines)}."
+        )
+    unknown = [n for n in names if n not in pipelines]
+    if unknown:
+        parser.error(
+            f"--only names unknown pipeline(s) {unknown}; known: "
+            f"{', '.join(pipelines)}."
+        )
+    try:
+        _framework.resolve_scale(args.quick)
+    except ValueError as err:
+        parser.error(str(err))
+
+    def report(outcome: PipelineOutcome) -> None:
+        _print_outcome(outcome, write)
+        sys.stdout.flush()
+
+    outcomes = _framework.run_pipelines(
+        names,
+        out_root=args.out,
+        quick=args.quick,
+        seed=args.seed,
+        pipelines=pipelines,
+        on_done=report,
+    )
+    _print_wall_times(outcomes, write)
+    if args.target == "reproduce":
+        _framework.write_top_level_report(
+            args.out, outcomes, quick=args.quick, seed=args.seed
+        )
+        write(f"\nSummary written to {Path(args.out) / 'REPORT.md'}\n")
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

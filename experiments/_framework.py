@@ -1,0 +1,466 @@
+"""Pipeline registry, fresh result directories, environment capture and reports.
+
+A *pipeline* is a module ``experiments.<name>`` exposing::
+
+    run(out_dir: pathlib.Path, *, quick: bool = True, seed: int = 0) -> dict
+
+that writes its JSON, PNG figures and a ``REPORT.md`` into ``out_dir`` (which exists
+and is empty) and returns a dict with at least ``"table"`` (a markdown table string)
+and ``"checks"`` (``{name: bool}``).
+
+:func:`run_pipeline` gives every run a fresh directory: the pipeline writes into a
+temporary sibling ``.<name>.tmp-<id>`` which is renamed into place when the pipeline
+returns. A previous result directory is kept as ``<name>.prev`` (one generation; an
+older ``.prev`` is removed). If the pipeline raises, the temporary directory is removed
+and the previous results stay untouched. The framework adds ``environment.json``
+(package versions, backend, device, git commit, seed, scale, timestamp) and
+``summary.json`` (checks, wall time, environment) to every result directory.
+
+Scales: ``"quick"`` (a 2-core CPU, minutes), ``"full"`` (paper-scale, for a GPU) and a
+hidden ``"tiny"`` scale for tests, selected with the environment variable
+``MPJAX_EXPERIMENTS_SCALE=tiny`` (honoured by pipelines that call
+:func:`resolve_scale`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_RESULTS_DIR",
+    "PIPELINES",
+    "SCALES",
+    "SCALE_ENV_VAR",
+    "PipelineOutcome",
+    "capture_environment",
+    "fresh_directory",
+    "git_commit",
+    "resolve_scale",
+    "run_pipeline",
+    "run_pipelines",
+    "to_jsonable",
+    "write_json",
+    "write_top_level_report",
+]
+
+#: Pipelines in the order ``reproduce`` runs them, with their module and a one-liner.
+PIPELINES: Mapping[str, str] = {
+    "formats": "experiments.formats",
+    "mixed_precision_bench": "experiments.mixed_precision_bench",
+    "amp": "experiments.amp",
+    "lbm_accuracy": "experiments.lbm_accuracy",
+    "lbm_performance": "experiments.lbm_performance",
+}
+
+SCALES: tuple[str, ...] = ("tiny", "quick", "full")
+SCALE_ENV_VAR = "MPJAX_EXPERIMENTS_SCALE"
+DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+_PACKAGES = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "jmp",
+    "chex",
+    "numpy",
+    "ml_dtypes",
+    "matplotlib",
+    "mpjax",
+)
+
+RunFn = Callable[..., dict]
+
+
+def resolve_scale(quick: bool, scale: str | None = None) -> str:
+    """Return the scale a pipeline should run at.
+
+    An explicit ``scale`` wins; otherwise a quick run honours the environment variable
+    ``MPJAX_EXPERIMENTS_SCALE`` (``tiny`` for tests); otherwise ``"quick"`` or
+    ``"full"`` follows ``quick``.
+
+    Args:
+        quick: the pipeline's ``quick`` flag.
+        scale: an explicit scale, one of :data:`SCALES`, or ``None``.
+
+    Returns:
+        One of ``"tiny"``, ``"quick"``, ``"full"``.
+
+    Raises:
+        ValueError: if ``scale`` or the environment variable names an unknown scale.
+
+    >>> resolve_scale(False)
+    'full'
+    """
+    if scale is None and quick:
+        scale = os.environ.get(SCALE_ENV_VAR) or None
+        source = f"environment variable {SCALE_ENV_VAR}"
+    else:
+        source = "argument scale"
+    if scale is None:
+        return "quick" if quick else "full"
+    if scale not in SCALES:
+        raise ValueError(
+            f"{source} is {scale!r}, expected one of {SCALES}; unset it or pick a "
+            "known scale."
+        )
+    return scale
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """Return the git commit of ``repo`` (default: this checkout), ``+dirty`` marked.
+
+    Returns ``"unknown"`` when git or the repository is unavailable.
+    """
+    cwd = repo if repo is not None else Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not head:
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def _package_versions() -> dict[str, str]:
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def capture_environment(*, seed: int, scale: str) -> dict[str, Any]:
+    """Describe the software and hardware a result was produced on.
+
+    Args:
+        seed: the run's base random seed.
+        scale: the run's scale (``"tiny"``, ``"quick"`` or ``"full"``).
+
+    Returns:
+        A JSON-ready dict: package versions, Python, platform, JAX backend, device kind
+        and count, ``XLA_FLAGS``, git commit (or ``"unknown"``), seed, scale, quick
+        flag and an ISO-8601 UTC timestamp.
+    """
+    import jax
+
+    devices = jax.devices()
+    return {
+        "packages": _package_versions(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind if devices else "none",
+        "device_count": len(devices),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "git_commit": git_commit(),
+        "seed": seed,
+        "scale": scale,
+        "quick": scale != "full",
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert numpy/JAX scalars and arrays, paths and tuples into JSON values.
+
+    Non-finite floats become ``None`` (JSON has no NaN), so files stay standard JSON.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "tolist"):  # numpy / JAX arrays and scalars
+        return to_jsonable(value.tolist())
+    raise TypeError(
+        f"cannot write a {type(value).__name__} to JSON; convert it to a number, "
+        "string, list or dict first."
+    )
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOutcome:
+    """What one pipeline run produced.
+
+    Attributes:
+        name: pipeline name.
+        out_dir: the result directory (``None`` if the pipeline raised).
+        wall_s: wall time in seconds.
+        checks: the pipeline's sanity checks.
+        table: the markdown table the pipeline returned ("" on error).
+        error: the formatted traceback if the pipeline raised, else ``None``.
+    """
+
+    name: str
+    out_dir: Path | None
+    wall_s: float
+    checks: Mapping[str, bool]
+    table: str
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True when the pipeline ran and every check passed."""
+        return self.error is None and all(self.checks.values())
+
+
+class fresh_directory:  # noqa: N801 - used like a function in ``with``
+    """Context manager that yields an empty temporary directory next to ``final``.
+
+    On a clean exit the temporary directory replaces ``final``; an existing ``final``
+    is kept as ``<final>.prev`` (replacing an older ``.prev``). On an exception the
+    temporary directory is deleted and ``final`` is left untouched.
+    """
+
+    def __init__(self, final: Path) -> None:
+        self.final = Path(final)
+        self.tmp = self.final.with_name(
+            f".{self.final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+
+    def __enter__(self) -> Path:
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir()
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        if self.final.exists():
+            prev = self.final.with_name(self.final.name + ".prev")
+            if prev.exists():
+                shutil.rmtree(prev)
+            os.replace(self.final, prev)
+        os.replace(self.tmp, self.final)
+
+
+def _load_run(name: str, pipelines: Mapping[str, str | RunFn]) -> RunFn:
+    if name not in pipelines:
+        raise ValueError(
+            f"unknown pipeline {name!r}; expected one of {tuple(pipelines)}."
+        )
+    target = pipelines[name]
+    if callable(target):
+        return target
+    module = importlib.import_module(target)
+    return module.run
+
+
+def _validate_result(name: str, result: Any) -> tuple[str, dict[str, bool]]:
+    if not isinstance(result, Mapping):
+        raise TypeError(
+            f"pipeline {name!r} returned {type(result).__name__}; expected a dict "
+            "with 'table' (str) and 'checks' ({name: bool})."
+        )
+    table, checks = result.get("table"), result.get("checks")
+    if not isinstance(table, str) or not isinstance(checks, Mapping):
+        raise TypeError(
+            f"pipeline {name!r} returned keys {sorted(result)}; expected 'table' "
+            "(str) and 'checks' ({name: bool})."
+        )
+    return table, {str(k): bool(v) for k, v in checks.items()}
+
+
+def run_pipeline(
+    name: str,
+    *,
+    out_root: Path = DEFAULT_RESULTS_DIR,
+    quick: bool = True,
+    seed: int = 0,
+    pipelines: Mapping[str, str | RunFn] = PIPELINES,
+    catch: bool = True,
+) -> PipelineOutcome:
+    """Run one pipeline into a fresh ``out_root/<name>`` directory.
+
+    Args:
+        name: a key of ``pipelines``.
+        out_root: the parent directory of the result directory.
+        quick: quick (CPU) or full (paper-scale) settings.
+        seed: base random seed passed to the pipeline.
+        pipelines: the registry (name -> module path or ``run`` callable).
+        catch: record an exception raised by the pipeline in the outcome instead of
+            propagating it (the CLI keeps going with the next pipeline).
+
+    Returns:
+        The :class:`PipelineOutcome`.
+
+    Raises:
+        ValueError: for an unknown pipeline name or a negative seed.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed is {seed!r}; expected a non-negative int.")
+    run = _load_run(name, pipelines)
+    scale = resolve_scale(quick)
+    final = Path(out_root) / name
+    start = time.perf_counter()
+    try:
+        with fresh_directory(final) as tmp:
+            environment = capture_environment(seed=seed, scale=scale)
+            write_json(tmp / "environment.json", environment)
+            result = run(tmp, quick=quick, seed=seed)
+            table, checks = _validate_result(name, result)
+            wall_s = time.perf_counter() - start
+            summary = {
+                "pipeline": name,
+                "passed": all(checks.values()),
+                "checks": checks,
+                "wall_s": wall_s,
+                "environment": environment,
+                "table": table,
+            }
+            write_json(tmp / "summary.json", summary)
+    except Exception:  # a failing pipeline must not stop the others
+        if not catch:
+            raise
+        return PipelineOutcome(
+            name=name,
+            out_dir=None,
+            wall_s=time.perf_counter() - start,
+            checks={},
+            table="",
+            error=traceback.format_exc(),
+        )
+    return PipelineOutcome(name, final, wall_s, checks, table)
+
+
+def run_pipelines(
+    names: Sequence[str],
+    *,
+    out_root: Path = DEFAULT_RESULTS_DIR,
+    quick: bool = True,
+    seed: int = 0,
+    pipelines: Mapping[str, str | RunFn] = PIPELINES,
+    on_done: Callable[[PipelineOutcome], None] | None = None,
+) -> list[PipelineOutcome]:
+    """Run several pipelines in order; see :func:`run_pipeline`.
+
+    Args:
+        names: pipeline names, validated before anything runs.
+        out_root: parent directory of the result directories.
+        quick: quick or full settings.
+        seed: base random seed.
+        pipelines: the registry.
+        on_done: called with each outcome as soon as it is available.
+
+    Returns:
+        The outcomes, in the order of ``names``.
+    """
+    unknown = [n for n in names if n not in pipelines]
+    if unknown:
+        raise ValueError(
+            f"unknown pipeline(s) {unknown}; expected names from {tuple(pipelines)}."
+        )
+    outcomes = []
+    for name in names:
+        outcome = run_pipeline(
+            name, out_root=out_root, quick=quick, seed=seed, pipelines=pipelines
+        )
+        outcomes.append(outcome)
+        if on_done is not None:
+            on_done(outcome)
+    return outcomes
+
+
+def write_top_level_report(
+    out_root: Path, outcomes: Sequence[PipelineOutcome], *, quick: bool, seed: int
+) -> None:
+    """Write ``summary.json`` and ``REPORT.md`` into ``out_root`` (``reproduce``)."""
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    scale = resolve_scale(quick)
+    total = sum(o.wall_s for o in outcomes)
+    summary = {
+        "scale": scale,
+        "seed": seed,
+        "total_wall_s": total,
+        "passed": all(o.passed for o in outcomes),
+        "pipelines": {
+            o.name: {
+                "passed": o.passed,
+                "wall_s": o.wall_s,
+                "checks": dict(o.checks),
+                "error": o.error,
+                "out_dir": o.out_dir.name if o.out_dir is not None else None,
+            }
+            for o in outcomes
+        },
+        "environment": capture_environment(seed=seed, scale=scale),
+    }
+    write_json(out_root / "summary.json", summary)
+    lines = [
+        "# Reproduction summary",
+        "",
+        f"Scale: **{scale}**, seed {seed}, git commit "
+        f"`{summary['environment']['git_commit']}`, backend "
+        f"{summary['environment']['backend']} "
+        f"({summary['environment']['device_kind']}).",
+        "",
+        "| pipeline | status | checks passed | wall time (s) | report |",
+        "|---|---|---|---:|---|",
+    ]
+    for o in outcomes:
+        status = "error" if o.error else ("pass" if o.passed else "FAIL")
+        n_ok = sum(o.checks.values())
+        report = f"[{o.name}/REPORT.md]({o.name}/REPORT.md)" if o.out_dir else "-"
+        lines.append(
+            f"| {o.name} | {status} | {n_ok}/{len(o.checks)} | {o.wall_s:.1f} | "
+            f"{report} |"
+        )
+    lines += ["", f"Total wall time: {total:.1f} s.", ""]
+    for o in outcomes:
+        failed = [k for k, v in o.checks.items() if not v]
+        if failed:
+            lines.append(f"- {o.name}: failed checks: {', '.join(failed)}")
+        if o.error:
+            last = o.error.strip().splitlines()[-1]
+            lines.append(f"- {o.name}: raised `{last}`")
+    tmp = out_root / f".REPORT.md.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, out_root / "REPORT.md")
