@@ -1,0 +1,115 @@
+"""Small helpers shared by the pipelines: tables, number formatting, figures, progress.
+
+Figures are built with :class:`matplotlib.figure.Figure` directly (no ``pyplot``), so
+they render with the Agg canvas without touching matplotlib's global backend, and work
+unchanged in notebooks, in tests and on headless machines.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+__all__ = ["fmt", "markdown_table", "new_figure", "progress", "save_figure"]
+
+T = TypeVar("T")
+
+
+def fmt(value: Any, spec: str = ".3g") -> str:
+    """Format a number for a table; ``None``/NaN become ``n/a``, bools ``yes``/``no``.
+
+    >>> fmt(0.000123456), fmt(None), fmt(float("inf")), fmt(True)
+    ('0.000123', 'n/a', 'inf', 'yes')
+    """
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Render a GitHub-flavoured markdown table; numbers are right-aligned.
+
+    >>> print(markdown_table(["a", "b"], [["x", 1.5]]))
+    | a | b |
+    |---|---:|
+    | x | 1.5 |
+    """
+    rows = [[fmt(c) if not isinstance(c, str) else c for c in r] for r in rows]
+    for r in rows:
+        if len(r) != len(headers):
+            raise ValueError(
+                f"table row {r} has {len(r)} cells; expected {len(headers)} to match "
+                f"the headers {list(headers)}."
+            )
+    numeric = [
+        all(_looks_numeric(r[i]) for r in rows) and bool(rows)
+        for i in range(len(headers))
+    ]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if n else "---" for n in numeric) + "|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _looks_numeric(text: str) -> bool:
+    if text in ("n/a", "inf", "-inf"):
+        return True
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+def progress(
+    iterable: Iterable[T], *, desc: str, total: int | None = None
+) -> Iterator[T]:
+    """Wrap ``iterable`` in a tqdm progress bar on stderr (hidden when not a TTY)."""
+    return iter(
+        tqdm(
+            iterable,
+            desc=desc,
+            total=total,
+            file=sys.stderr,
+            disable=None,
+            leave=False,
+            dynamic_ncols=True,
+        )
+    )
+
+
+def new_figure(
+    nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (6.4, 4.2)
+) -> tuple[Figure, Any]:
+    """Create a figure of ``nrows x ncols`` panels, each ``size`` inches.
+
+    Returns:
+        ``(figure, axes)`` where ``axes`` is a 2-D numpy array of Axes.
+    """
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
+    """Save ``fig`` as PNG at ``path`` and return the path."""
+    fig.savefig(path, dpi=dpi)
+    return path
