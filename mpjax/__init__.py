@@ -1,10 +1,30 @@
 """mpjax: functional mixed precision for JAX."""
 
 from mpjax import formats
+from mpjax._loss_scaling import (
+    DynamicLossScaleState,
+    NoLossScaleState,
+    StaticLossScaleState,
+    dynamic_loss_scaling,
+    get_loss_scale,
+    get_skipped_steps,
+    no_loss_scaling,
+    scaled_value_and_grad,
+    static_loss_scaling,
+)
 from mpjax._policy import Policy, get_policy
 
 __all__ = [
+    "DynamicLossScaleState",
+    "NoLossScaleState",
     "Policy",
+    "StaticLossScaleState",
+    "dynamic_loss_scaling",
     "formats",
+    "get_loss_scale",
     "get_policy",
+    "get_skipped_steps",
+    "no_loss_scaling",
+    "scaled_value_and_grad",
+    "static_loss_scaling",
 ]
