@@ -1,0 +1,45 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Automatic mixed precision for three network archetypes
+#
+# A feed-forward net, a U-Net-style convolutional net and a transformer trained under
+# each precision policy (Flax NNX with `mpjax.apply_policy`, loss scaling as an Optax
+# wrapper): speed, memory and accuracy against float32. The same code runs as
+# `python -m experiments amp`.
+#
+# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
+# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
+# `experiments/results/`.
+
+# %%
+import json
+
+from experiments._notebook import run_for_notebook, show_outcome
+
+outcome = run_for_notebook("amp")
+show_outcome(outcome)
+
+# %% [markdown]
+# The provenance of the run: package versions, backend, device, git commit, seed.
+
+# %%
+environment = json.loads((outcome.out_dir / "environment.json").read_text())
+print(json.dumps(environment, indent=1))
+
+# %% [markdown]
+# The report written next to the figures:
+
+# %%
+print((outcome.out_dir / "REPORT.md").read_text())
