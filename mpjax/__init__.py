@@ -13,17 +13,20 @@ from mpjax._loss_scaling import (
     static_loss_scaling,
 )
 from mpjax._policy import Policy, get_policy
+from mpjax._train import TrainState, make_train_step
 
 __all__ = [
     "DynamicLossScaleState",
     "NoLossScaleState",
     "Policy",
     "StaticLossScaleState",
+    "TrainState",
     "dynamic_loss_scaling",
     "formats",
     "get_loss_scale",
     "get_policy",
     "get_skipped_steps",
+    "make_train_step",
     "no_loss_scaling",
     "scaled_value_and_grad",
     "static_loss_scaling",

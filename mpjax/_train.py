@@ -1,0 +1,173 @@
+"""A mixed-precision train step: master params, cast compute, scaled loss.
+
+:func:`make_train_step` returns a pure ``step(state, batch) -> (state, metrics)``.
+Parameters stay in the policy's ``param_dtype`` (float32 master weights), the loss
+function sees parameters and batch cast to ``compute_dtype``, its result is cast
+to ``output_dtype``, and the gradients of the loss multiplied by the current loss
+scale (read from the optimizer state with :func:`mpjax.get_loss_scale`) go to the
+optimizer, which unscales them when it is a loss scaler.
+
+The step donates nothing; jit it yourself, donating the state to update it in
+place: ``step = jax.jit(make_train_step(...), donate_argnums=0)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mpjax._loss_scaling import (
+    get_loss_scale,
+    get_skipped_steps,
+    scaled_value_and_grad,
+)
+from mpjax._policy import Policy, get_policy
+
+__all__ = ["TrainState", "make_train_step"]
+
+
+class TrainState(NamedTuple):
+    """Training state: a pytree of arrays, ready for ``jit``, ``scan`` and
+    checkpointing (the loss-scale state is part of ``opt_state``).
+
+    Attributes:
+      step: int32 number of train steps taken (skipped ones included).
+      params: parameter pytree (master weights, normally float32).
+      opt_state: optimizer state.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: optax.OptState
+
+    @classmethod
+    def create(
+        cls,
+        params: Any,
+        optimizer: optax.GradientTransformation,
+        *,
+        policy: Policy | str | None = None,
+    ) -> TrainState:
+        """Creates the initial state.
+
+        Args:
+          params: initial parameters.
+          optimizer: the optimizer whose state to initialise.
+          policy: if given, floating parameters are first cast to its
+            ``param_dtype``.
+
+        Returns:
+          A state with ``step == 0``.
+
+        >>> import optax
+        >>> s = TrainState.create({"w": jnp.zeros(2)}, optax.sgd(0.1))
+        >>> int(s.step)
+        0
+        """
+        _check_optimizer(optimizer)
+        if policy is not None:
+            params = get_policy(policy).cast_to_param(params)
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=optimizer.init(params),
+        )
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    if not (callable(getattr(optimizer, "init", None)) and callable(optimizer.update)):
+        raise TypeError(
+            "optimizer must be an optax.GradientTransformation (with init and "
+            f"update), got {type(optimizer).__name__}; pass e.g. "
+            "mpjax.dynamic_loss_scaling(optax.adam(1e-3))."
+        )
+
+
+def _global_norm_unscaled(grads: Any, scale: jax.Array) -> jax.Array:
+    squares = [
+        jnp.sum(jnp.square(g.astype(jnp.float32) / scale))
+        for g in jax.tree.leaves(grads)
+        if hasattr(g, "dtype") and jnp.issubdtype(g.dtype, jnp.floating)
+    ]
+    if not squares:
+        return jnp.zeros((), jnp.float32)
+    return jnp.sqrt(sum(squares[1:], squares[0]))
+
+
+def make_train_step(
+    loss_fn: Callable[..., Any],
+    optimizer: optax.GradientTransformation,
+    policy: Policy | str | Any,
+    *,
+    has_aux: bool = False,
+) -> Callable[[TrainState, Any], tuple[TrainState, dict[str, Any]]]:
+    """Builds a pure mixed-precision train step.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> scalar`` (or ``(scalar, aux)`` with
+        ``has_aux``); it receives params and batch already cast to the policy's
+        compute dtype (only floating leaves: integer labels stay integers).
+      optimizer: an optax transformation; wrap it in
+        :func:`mpjax.dynamic_loss_scaling` for float16 compute. Without a
+        loss-scaling wrapper the scale is 1 and no step is ever skipped.
+      policy: a :class:`mpjax.Policy` or anything :func:`mpjax.get_policy`
+        accepts (``"mixed_bfloat16"``, ``"p=f32,c=f16,o=f32"``, a jmp policy).
+      has_aux: whether ``loss_fn`` returns ``(loss, aux)``.
+
+    Returns:
+      ``step(state, batch) -> (state, metrics)``, pure and jit-able. ``metrics``
+      holds float32 scalars ``"loss"`` (the unscaled loss, computed in the
+      output dtype), ``"loss_scale"`` (the scale used for this step),
+      ``"grad_norm"`` (global norm of the unscaled gradients; Inf/NaN on a
+      skipped step), a bool ``"skipped"``, and ``"aux"`` with ``has_aux``.
+
+    Raises:
+      TypeError: if ``loss_fn`` is not callable or ``optimizer`` is not an optax
+        transformation.
+      ValueError: if ``policy`` cannot be parsed.
+
+    >>> import optax
+    >>> opt = optax.sgd(0.5)
+    >>> step = jax.jit(make_train_step(lambda p, b: jnp.sum((p - b) ** 2), opt,
+    ...                                "float32"))
+    >>> state, metrics = step(TrainState.create(jnp.zeros(2), opt), jnp.ones(2))
+    >>> float(metrics["loss"]), state.params.tolist()
+    (2.0, [1.0, 1.0])
+    """
+    if not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn must be callable, got {type(loss_fn).__name__}; pass a "
+            "function loss_fn(params, batch) -> scalar."
+        )
+    _check_optimizer(optimizer)
+    policy = get_policy(policy)
+
+    def compute_loss(params: Any, batch: Any) -> tuple[Any, Any]:
+        out = loss_fn(policy.cast_to_compute(params), policy.cast_to_compute(batch))
+        loss, aux = out if has_aux else (out, None)
+        return policy.cast_to_output(loss), aux
+
+    value_and_grad = scaled_value_and_grad(compute_loss, has_aux=True)
+
+    def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
+        scale = get_loss_scale(state.opt_state)
+        skipped_before = get_skipped_steps(state.opt_state)
+        (loss, aux), grads = value_and_grad(state.params, scale, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics: dict[str, Any] = {
+            "loss": jnp.asarray(loss).astype(jnp.float32),
+            "loss_scale": scale,
+            "skipped": get_skipped_steps(opt_state) > skipped_before,
+            "grad_norm": _global_norm_unscaled(grads, scale),
+        }
+        if has_aux:
+            metrics["aux"] = aux
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return step
