@@ -1,0 +1,403 @@
+"""Precision policies for Flax models.
+
+Two entry points:
+
+* :func:`apply_policy` returns a copy of a Flax NNX module whose layers compute in a
+  policy's compute dtype, keep their parameters in its param dtype and return the
+  output dtype, with per-module-type overrides (normalisation layers in float32 by
+  default, as Haiku's per-class policies do) and attention logits and softmax in
+  float32.
+* :func:`policy_apply` wraps any linen-style ``apply(params, *args, **kwargs)``
+  function so that parameters and inputs are cast to the compute dtype and outputs
+  to the output dtype.
+
+How :func:`apply_policy` reaches into a model. Every NNX module in the model graph
+gets an *effective policy*: the override registered for the nearest class in its
+method resolution order, otherwise the effective policy of the module that holds it,
+and the main policy at the root. Then, per module:
+
+1. a ``dtype`` attribute (the computation dtype of Flax layers) is set to the
+   compute dtype, and a ``param_dtype`` attribute to the param dtype;
+2. every ``promote_dtype`` hook (also ``qkv_promote_dtype``, ``out_promote_dtype``,
+   ...) is replaced by one that casts the floating-point operands to the compute
+   dtype, even where a layer passes ``dtype=None``;
+3. floating-point :class:`flax.nnx.Param` values are cast to the param dtype (other
+   variables, such as batch statistics and RNG state, are left alone);
+4. the default attention function of :class:`flax.nnx.MultiHeadAttention` is
+   replaced by one that accumulates the logits and takes the softmax in
+   ``attention_softmax_dtype`` (float32 unless told otherwise), then multiplies the
+   values in the compute dtype;
+5. at the root, and at every module whose override differs from the policy of its
+   parent, ``__call__`` casts floating-point positional arguments to the compute
+   dtype and its outputs to the output dtype. This is done by giving the copy a
+   subclass of its own class, so ``isinstance`` checks, attribute paths and the
+   state tree (``nnx.split``/``nnx.state``) are exactly those of the original.
+
+Only ``__call__`` is wrapped at the policy boundaries; other methods still run in
+the dtypes set on the layers but return whatever the layers produce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = ["apply_policy", "policy_apply"]
+
+_M = TypeVar("_M", bound=nnx.Module)
+
+# Normalisation layers keep their statistics, scale and output in float32: variance
+# sums of bf16/fp16 activations lose most of their digits.
+_DEFAULT_OVERRIDES: Mapping[type, str] = {
+    nnx.LayerNorm: "float32",
+    nnx.RMSNorm: "float32",
+    nnx.BatchNorm: "float32",
+    nnx.GroupNorm: "float32",
+}
+
+
+def _resolve(spec: Any, what: str) -> Any:
+    """Resolves a policy spec with :func:`mpjax.get_policy`, naming ``what``."""
+    from mpjax import get_policy  # late import: mpjax/__init__ imports this module
+
+    try:
+        return get_policy(spec)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{what}: {err}") from err
+
+
+def _floating_dtype(value: Any, what: str) -> jnp.dtype:
+    try:
+        dtype = jnp.dtype(value)
+    except TypeError as err:
+        raise TypeError(
+            f"{what} must be a floating-point dtype such as 'float32', got "
+            f"{value!r}; pass a jnp dtype or its name."
+        ) from err
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"{what} must be a floating-point dtype such as 'float32', got "
+            f"{dtype.name!r}; pass a floating dtype or None."
+        )
+    return dtype
+
+
+def _is_float_array(x: Any) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PromoteTo:
+    """A Flax ``promote_dtype`` hook that casts floating operands to ``dtype``.
+
+    Non-floating operands and ``None`` pass through untouched; the ``dtype`` that
+    a layer passes (often ``None`` for "infer") is ignored in favour of the
+    policy's compute dtype.
+    """
+
+    dtype: jnp.dtype
+
+    def __call__(self, args: tuple, /, *, dtype: Any = None, inexact: bool = True):
+        del dtype, inexact
+        return tuple(
+            x.astype(self.dtype) if _is_float_array(x) else x
+            for x in (jnp.asarray(a) if a is not None else None for a in args)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class _SoftmaxInAttention:
+    """Dot-product attention with logits accumulated and normalised in a wide dtype.
+
+    Drop-in replacement for :func:`flax.nnx.dot_product_attention` (same keyword
+    arguments). Queries, keys and values are promoted to the compute dtype; the
+    logits come out of the matrix product in ``softmax_dtype`` (operands stay in
+    the compute dtype, so tensor cores still apply), masking, bias, softmax and
+    dropout run in ``softmax_dtype``, and the weights are cast back to the compute
+    dtype before they multiply the values.
+    """
+
+    softmax_dtype: jnp.dtype
+
+    def __call__(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        bias: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        broadcast_dropout: bool = True,
+        dropout_rng: jax.Array | None = None,
+        dropout_rate: float = 0.0,
+        deterministic: bool = False,
+        dtype: Any = None,
+        precision: Any = None,
+        module: nnx.Module | None = None,
+        promote_dtype: Callable[..., tuple] | None = None,
+        is_causal: bool = False,
+    ) -> jax.Array:
+        if promote_dtype is None:
+            promote_dtype = nnx.nn.dtypes.promote_dtype
+        query, key, value = promote_dtype((query, key, value), dtype=dtype)
+        dtype = query.dtype
+        wide = self.softmax_dtype
+        if query.shape[-2] != key.shape[-2]:  # grouped-query attention
+            repeats = query.shape[-2] // key.shape[-2]
+            key = jnp.repeat(key, repeats, axis=-2)
+            value = jnp.repeat(value, repeats, axis=-2)
+        scale = jnp.asarray(1.0 / float(query.shape[-1]) ** 0.5, dtype)
+        logits = jnp.einsum(
+            "...qhd,...khd->...hqk",
+            query * scale,
+            key,
+            precision=precision,
+            preferred_element_type=wide,
+        )
+        if bias is not None:
+            logits = logits + bias.astype(wide)
+        if is_causal:
+            q_len, k_len = logits.shape[-2:]
+            causal = jnp.tril(jnp.ones((q_len, k_len), dtype=jnp.bool_))
+            mask = causal if mask is None else jnp.logical_and(mask, causal)
+        if mask is not None:
+            logits = jnp.where(mask, logits, jnp.asarray(jnp.finfo(wide).min, wide))
+        weights = jax.nn.softmax(logits, axis=-1)
+        if module is not None:
+            module.sow(nnx.Intermediate, "attention_weights", weights)
+        if not deterministic and dropout_rate > 0.0:
+            keep_prob = 1.0 - dropout_rate
+            shape = weights.shape
+            if broadcast_dropout:
+                shape = (1,) * (weights.ndim - 2) + shape[-2:]
+            keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+            weights = jnp.where(keep, weights / jnp.asarray(keep_prob, wide), 0.0)
+        return jnp.einsum(
+            "...hqk,...khd->...qhd",
+            weights.astype(dtype),
+            value,
+            precision=precision,
+        )
+
+
+def _original_class(cls: type) -> type:
+    return getattr(cls, "_mpjax_original_class", cls)
+
+
+@functools.cache
+def _policy_class(cls: type) -> type:
+    """A subclass of ``cls`` whose ``__call__`` applies the instance's policy.
+
+    Cached so that every policy-applied copy of a class shares one class object,
+    which keeps graph definitions equal (and ``jit`` caches warm) across copies.
+    """
+    original_call = cls.__call__
+
+    def __call__(self, *args, **kwargs):
+        policy = self.mpjax_policy
+        return policy.cast_to_output(
+            original_call(self, *policy.cast_to_compute(args), **kwargs)
+        )
+
+    __call__.__doc__ = original_call.__doc__
+    return type(
+        cls.__name__,
+        (cls,),
+        {
+            "__call__": __call__,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "_mpjax_original_class": cls,
+        },
+    )
+
+
+def _check_overrides(overrides: Any) -> dict[type, Any]:
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, Mapping):
+        raise TypeError(
+            "overrides must be a mapping from Flax NNX module classes to policies, "
+            f"got {type(overrides).__name__}; pass e.g. {{nnx.LayerNorm: 'float32'}}."
+        )
+    merged = {
+        cls: _resolve(spec, f"default override for {cls.__name__}")
+        for cls, spec in _DEFAULT_OVERRIDES.items()
+    }
+    for cls, spec in overrides.items():
+        if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
+            raise TypeError(
+                "overrides keys must be Flax NNX module classes (subclasses of "
+                f"flax.nnx.Module), got {cls!r}; pass the class itself, e.g. "
+                "nnx.LayerNorm, not an instance or a name."
+            )
+        merged[cls] = _resolve(spec, f"overrides[{cls.__name__}]")
+    return merged
+
+
+def _override_for(module: nnx.Module, overrides: Mapping[type, Any]) -> Any:
+    for cls in _original_class(type(module)).__mro__:
+        if cls in overrides:
+            return overrides[cls]
+    return None
+
+
+def _configure(module: nnx.Module, policy: Any, softmax_dtype: Any) -> None:
+    """Sets the dtype attributes and hooks of one module for ``policy``."""
+    attributes = vars(module)
+    if "dtype" in attributes:
+        module.dtype = policy.compute_dtype
+    if "param_dtype" in attributes:
+        module.param_dtype = policy.param_dtype
+    for name, value in list(attributes.items()):
+        if (name == "promote_dtype" or name.endswith("_promote_dtype")) and callable(
+            value
+        ):
+            setattr(module, name, _PromoteTo(policy.compute_dtype))
+    if (
+        softmax_dtype is not None
+        and isinstance(module, nnx.MultiHeadAttention)
+        and (
+            module.attention_fn is nnx.dot_product_attention
+            or isinstance(module.attention_fn, _SoftmaxInAttention)
+        )
+    ):
+        module.attention_fn = _SoftmaxInAttention(softmax_dtype)
+
+
+def apply_policy(
+    model: _M,
+    policy: Any,
+    *,
+    overrides: Mapping[type, Any] | None = None,
+    attention_softmax_dtype: Any = jnp.float32,
+) -> _M:
+    """Returns a copy of a Flax NNX module that computes under a precision policy.
+
+    Args:
+        model: the :class:`flax.nnx.Module` to convert; it is not modified.
+        policy: an :class:`mpjax.Policy`, a policy string for
+            :func:`mpjax.get_policy` (``"mixed_bfloat16"``, ``"p=f32,c=f16,o=f32"``)
+            or a ``jmp.Policy``.
+        overrides: per-module-type policies, merged over the defaults (LayerNorm,
+            RMSNorm, BatchNorm and GroupNorm in ``"float32"``). The nearest class
+            in a module's MRO wins, and a module without an override inherits the
+            policy of the module that holds it. To undo a default, map that class
+            to the main policy.
+        attention_softmax_dtype: dtype of the attention logits and softmax in
+            :class:`flax.nnx.MultiHeadAttention` layers that use Flax's default
+            attention function, or ``None`` to leave them in the compute dtype.
+
+    Returns:
+        A policy-applied copy of ``model``, an instance of a subclass of its class
+        with the same attributes and state paths. Parameters of the copy share no
+        state with ``model``.
+
+    Raises:
+        TypeError: ``model`` is not an NNX module, or an override key is not an NNX
+            module class.
+        ValueError: a policy or dtype cannot be parsed.
+
+    Example:
+        >>> from flax import nnx
+        >>> import jax.numpy as jnp
+        >>> layer = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+        >>> mixed = apply_policy(layer, "mixed_bfloat16")
+        >>> mixed(jnp.ones((1, 3))).dtype, mixed.kernel.dtype, mixed.dtype
+        (dtype('float32'), dtype('float32'), dtype(bfloat16))
+    """
+    if not isinstance(model, nnx.Module):
+        raise TypeError(
+            "apply_policy expects a Flax NNX module (an instance of "
+            f"flax.nnx.Module), got {type(model).__name__}; for a linen-style "
+            "apply function use mpjax.policy_apply(apply_fn, policy)."
+        )
+    main = _resolve(policy, "policy")
+    table = _check_overrides(overrides)
+    softmax_dtype = (
+        None
+        if attention_softmax_dtype is None
+        else _floating_dtype(attention_softmax_dtype, "attention_softmax_dtype")
+    )
+
+    copy = nnx.clone(model)
+    nodes = list(nnx.iter_graph(copy))
+    modules = {path: node for path, node in nodes if isinstance(node, nnx.Module)}
+    effective: dict[tuple, Any] = {}
+    for path in sorted(modules, key=len):
+        module = modules[path]
+        parent = next(
+            (
+                effective[path[:i]]
+                for i in range(len(path) - 1, -1, -1)
+                if path[:i] in effective
+            ),
+            main,
+        )
+        own = _override_for(module, table)
+        chosen = parent if own is None else own
+        effective[path] = chosen
+        _configure(module, chosen, softmax_dtype)
+        if path == () or chosen != parent:
+            module.__class__ = _policy_class(_original_class(type(module)))
+            module.mpjax_policy = chosen
+
+    for path, node in nodes:
+        if isinstance(node, nnx.Param):
+            owner = next(
+                effective[path[:i]]
+                for i in range(len(path) - 1, -1, -1)
+                if path[:i] in effective
+            )
+            value = node.get_value()
+            if _is_float_array(value) and value.dtype != owner.param_dtype:
+                node.set_value(value.astype(owner.param_dtype))
+    return copy
+
+
+def policy_apply(apply_fn: Callable[..., Any], policy: Any) -> Callable[..., Any]:
+    """Wraps a linen-style ``apply(params, *args, **kwargs)`` function in a policy.
+
+    The wrapper casts the floating-point leaves of ``params`` and of the positional
+    arguments to the compute dtype, calls ``apply_fn`` and casts the floating-point
+    leaves of its result to the output dtype. Keyword arguments (``rngs``,
+    ``mutable``, ``train`` flags, ...) pass through unchanged. Keep the stored
+    parameters in the param dtype (``policy.cast_to_param``); gradients taken
+    through the wrapper come back in the dtype of the parameters passed in.
+
+    Args:
+        apply_fn: the function to wrap, e.g. ``flax.linen.Module.apply``.
+        policy: an :class:`mpjax.Policy`, a policy string or a ``jmp.Policy``.
+
+    Returns:
+        ``wrapped(params, *args, **kwargs)`` with the same signature.
+
+    Raises:
+        TypeError: ``apply_fn`` is not callable.
+        ValueError: ``policy`` cannot be parsed.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> apply = policy_apply(lambda p, x: x @ p["w"], "mixed_float16")
+        >>> apply({"w": jnp.ones((2, 2))}, jnp.ones((1, 2))).dtype
+        dtype('float32')
+    """
+    if not callable(apply_fn):
+        raise TypeError(
+            "policy_apply expects a callable apply(params, *args, **kwargs), got "
+            f"{type(apply_fn).__name__}; pass e.g. model.apply."
+        )
+    resolved = _resolve(policy, "policy")
+
+    @functools.wraps(apply_fn)
+    def wrapped(params: Any, *args: Any, **kwargs: Any) -> Any:
+        params = resolved.cast_to_compute(params)
+        args = resolved.cast_to_compute(args)
+        return resolved.cast_to_output(apply_fn(params, *args, **kwargs))
+
+    return wrapped
