@@ -1,0 +1,191 @@
+"""Validation cases: Poiseuille, Taylor-Green, lid-driven cavity, cylinder flows.
+
+:func:`run_case` validates its arguments (raising ``ValueError``/``TypeError``
+before anything is compiled), runs one case, compares it with its analytic
+solution or published reference data, and returns a :class:`CaseResult`. With
+``out_dir`` it also writes ``fields.npz``, ``summary.json`` and a PNG figure.
+
+Fields are in lattice units: ``rho`` has shape ``(X, Y[, Z])`` and ``u`` shape
+``(D, X, Y[, Z])``, x the first spatial axis, over the fluid nodes of the case
+(wall layers are not included; in the cylinder cases the obstacle's cells are part
+of the grid with ``u = 0``). In the cavity the lid is the top y boundary and moves
+in +x.
+
+Cases (:data:`CASES`):
+
+=================== ========================================================
+poiseuille          2-D channel driven by a body force, analytic profile
+taylor_green        2-D periodic decaying vortices, analytic decay
+cavity              2-D lid-driven cavity, Ghia et al. (1982) centre lines
+cavity3d            D3Q19 lid-driven cube
+cylinder            Schaefer-Turek 2D-2 (confined, Re = 100): St, cd, cl
+cylinder_unconfined Karman vortex street in a wide domain: St, mean drag
+=================== ========================================================
+
+>>> "cavity" in CASES
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbm_jax.cases import _common
+from lbm_jax.cases._common import CaseSetup
+
+__all__ = ["CASES", "CaseResult", "prepare_case", "run_case"]
+
+#: Names of the available cases.
+CASES: tuple[str, ...] = _common.case_names()
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    """Outcome of :func:`run_case`.
+
+    Attributes:
+        summary: JSON-ready dictionary: ``case``, ``lattice``, ``storage``,
+            ``shift``, ``collision``, ``n``, ``re``, ``tau``, ``steps``, ``u_ref``
+            (the characteristic velocity), ``mlups`` and the case's metrics.
+        fields: ``{"rho": (X, Y[, Z]), "u": (D, X, Y[, Z])}`` NumPy arrays in
+            lattice units.
+        files: Paths written (empty without ``out_dir``).
+    """
+
+    summary: dict[str, Any]
+    fields: dict[str, np.ndarray]
+    files: tuple[Path, ...] = ()
+
+
+def prepare_case(
+    case: str,
+    *,
+    n: int | None = None,
+    re: float | None = None,
+    storage: str = "fp32",
+    shift: bool = True,
+    steps: int | None = None,
+    **case_options: Any,
+) -> CaseSetup:
+    """Validate a case's arguments and derive its parameters, without compiling.
+
+    This is what :func:`run_case` and the command line call first; it raises on
+    any bad input (unknown case, option or storage policy, n too small, a Reynolds
+    number giving tau <= 1/2, a velocity too high for the low-Mach assumption).
+
+    Returns:
+        The case's derived parameters (resolution, tau, u_ref, steps, ...).
+
+    Raises:
+        ValueError: For an invalid value.
+        TypeError: For an argument of the wrong type.
+    """
+    return _common.prepare(
+        case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
+    )
+
+
+def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"out_dir {str(path)!r} exists and is not a directory; choose a new path."
+        )
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ValueError(
+            f"out_dir {str(path)!r} already exists and is not empty; choose a new "
+            "directory or pass overwrite=True (--overwrite) to replace the files "
+            "this case writes."
+        )
+    return path
+
+
+def run_case(
+    case: str,
+    *,
+    n: int | None = None,
+    re: float | None = None,
+    storage: str = "fp32",
+    shift: bool = True,
+    steps: int | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    overwrite: bool = False,
+    **case_options: Any,
+) -> CaseResult:
+    """Run one validation case and compare it with its reference.
+
+    Args:
+        case: One of :data:`CASES`.
+        n: Resolution (cells per characteristic length: channel width, box side,
+            cavity side, cylinder diameter); default per case.
+        re: Reynolds number; default per case.
+        storage: Storage policy name (``"fp32"``, ``"FP32/FP16S"``, ...).
+        shift: DDF-shifting of the stored populations.
+        steps: Time steps; default: long enough for the steady or periodic state
+            (steady cases stop early once converged).
+        out_dir: If given, write ``fields.npz``, ``summary.json`` and a PNG there.
+            An existing non-empty directory is refused unless ``overwrite``.
+        progress: Show a tqdm progress bar.
+        overwrite: Allow writing into a non-empty ``out_dir``.
+        **case_options: Case-specific options, e.g. ``collision="bgk"``,
+            ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
+
+    Returns:
+        The :class:`CaseResult`.
+
+    Raises:
+        ValueError: For invalid arguments (before anything is compiled).
+        TypeError: For arguments of the wrong type.
+        lbm_jax.InstabilityError: If the run becomes unstable.
+    """
+    setup = prepare_case(
+        case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
+    )
+    out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
+    metrics, fields, extras = setup.run(progress=progress)
+    summary = {**setup.summary(), **metrics}
+    summary = _common.jsonable(summary)
+    files: tuple[Path, ...] = ()
+    if out_path is not None:
+        files = _write(out_path, summary, fields, extras, setup)
+    return CaseResult(summary=summary, fields=fields, files=files)
+
+
+def _write(
+    out: Path,
+    summary: Mapping[str, Any],
+    fields: Mapping[str, np.ndarray],
+    extras: Mapping[str, np.ndarray],
+    setup: CaseSetup,
+) -> tuple[Path, ...]:
+    from lbm_jax import _plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    npz = out / "fields.npz"
+    np.savez_compressed(npz, rho=fields["rho"], u=fields["u"], **extras)
+    files.append(npz)
+    js = out / "summary.json"
+    js.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    files.append(js)
+    title = f"{setup.case} ({summary['storage']}, step {summary['steps']})"
+    for kind in setup.figures:
+        make = {
+            "velocity": _plot.velocity_magnitude_figure,
+            "vorticity": _plot.vorticity_figure,
+            "streamlines": _plot.streamlines_figure,
+        }[kind]
+        files.append(
+            _plot.save_figure(
+                make(fields["u"], title=f"{kind}: {title}"), out / f"{kind}.png"
+            )
+        )
+    return tuple(files)
