@@ -1,0 +1,159 @@
+"""Storage policies: the number format populations are stored in between steps.
+
+A :class:`StoragePolicy` is the lattice Boltzmann twin of :class:`mpjax.Policy`: it
+names the arithmetic (compute) dtype and the :class:`mpjax.formats.NumberFormat`
+that holds the populations in memory. Populations are decoded once when a step
+loads them and encoded once when it stores them.
+
+With DDF-shifting (``shift=True``, the default; Lehmann et al. 2022, section 2.2)
+the stored value is ``f_i - w_i`` rather than ``f_i``: values stay small and centred
+on zero, which is what makes 16-bit formats such as fp16s and fp16c usable.
+
+Names follow the paper (``"FP32/FP16S"``), short names are accepted too (``"fp16s"``):
+
+=================== =========== ============ ================
+name                short name  compute      storage format
+=================== =========== ============ ================
+FP64/FP64           fp64        float64      float64
+FP32/FP32           fp32        float32      float32
+FP32/FP16           fp16        float32      float16
+FP32/FP16S          fp16s       float32      fp16s
+FP32/FP16C          fp16c       float32      fp16c
+FP32/posit16        posit16     float32      posit16 (es=1)
+FP32/posit16_es2    posit16_es2 float32      posit16_es2
+FP32/bfloat16       bf16        float32      bfloat16
+=================== =========== ============ ================
+
+>>> get_storage("fp16s").name
+'FP32/FP16S'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from mpjax import formats as _formats
+
+__all__ = ["StoragePolicy", "get_storage", "list_storages"]
+
+# canonical name -> (short name, compute dtype, mpjax format name)
+_POLICIES: dict[str, tuple[str, str, str]] = {
+    "FP64/FP64": ("fp64", "float64", "float64"),
+    "FP32/FP32": ("fp32", "float32", "float32"),
+    "FP32/FP16": ("fp16", "float32", "float16"),
+    "FP32/FP16S": ("fp16s", "float32", "fp16s"),
+    "FP32/FP16C": ("fp16c", "float32", "fp16c"),
+    "FP32/posit16": ("posit16", "float32", "posit16"),
+    "FP32/posit16_es2": ("posit16_es2", "float32", "posit16_es2"),
+    "FP32/bfloat16": ("bf16", "float32", "bfloat16"),
+}
+_LOOKUP: dict[str, str] = {}
+for _canon, (_short, _, _) in _POLICIES.items():
+    _LOOKUP[_canon.lower()] = _canon
+    _LOOKUP[_short.lower()] = _canon
+
+
+@dataclasses.dataclass(frozen=True)
+class StoragePolicy:
+    """Compute dtype plus storage number format of the populations.
+
+    Build one with :func:`get_storage`.
+
+    Attributes:
+        name: Canonical name, e.g. ``"FP32/FP16S"``.
+        compute_dtype: dtype of all arithmetic (float32 or float64).
+        format: The :class:`mpjax.formats.NumberFormat` holding stored populations.
+        shift: Whether populations are stored DDF-shifted (``f_i - w_i``).
+    """
+
+    name: str
+    compute_dtype: np.dtype
+    format: _formats.NumberFormat
+    shift: bool = True
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """Array dtype of the stored populations."""
+        return np.dtype(self.format.storage_dtype)
+
+    @property
+    def bytes_per_value(self) -> int:
+        """Bytes one stored population occupies."""
+        return self.storage_dtype.itemsize
+
+    @property
+    def short_name(self) -> str:
+        """Short name, e.g. ``"fp16s"``."""
+        return _POLICIES[self.name][0]
+
+    def encode(self, f: jax.Array) -> jax.Array:
+        """Encode (already shifted, if shifting) compute-dtype values for storage."""
+        if self.storage_dtype == np.dtype(self.compute_dtype):
+            return f.astype(self.compute_dtype)
+        return self.format.encode(f)
+
+    def decode(self, stored: jax.Array) -> jax.Array:
+        """Decode stored values to the compute dtype."""
+        if stored.dtype == np.dtype(self.compute_dtype):
+            return stored
+        return self.format.decode(stored, dtype=self.compute_dtype)
+
+    def check_enabled(self) -> None:
+        """Raise ``ValueError`` if the compute dtype is unavailable (x64 off)."""
+        if self.compute_dtype == np.dtype(np.float64) and not jax.config.read(
+            "jax_enable_x64"
+        ):
+            raise ValueError(
+                f"Storage policy {self.name} computes in float64, but 64-bit types "
+                "are disabled in JAX. Enable them before building the simulation, "
+                "e.g. `with jax.enable_x64(True): ...` or "
+                "`jax.config.update('jax_enable_x64', True)` at program start."
+            )
+
+    def __str__(self) -> str:
+        return self.name if self.shift else f"{self.name} (unshifted)"
+
+
+def get_storage(name: str | StoragePolicy, *, shift: bool = True) -> StoragePolicy:
+    """Return a storage policy by name.
+
+    Args:
+        name: Canonical (``"FP32/FP16S"``) or short (``"fp16s"``) name, matched
+            case-insensitively; a :class:`StoragePolicy` is returned with ``shift``
+            applied.
+        shift: Store DDF-shifted populations ``f_i - w_i`` (recommended).
+
+    Raises:
+        ValueError: For an unknown name.
+        TypeError: For a name that is not a string.
+    """
+    if not isinstance(shift, bool):
+        raise TypeError(f"shift must be a bool, got {shift!r}.")
+    if isinstance(name, StoragePolicy):
+        return dataclasses.replace(name, shift=shift)
+    if not isinstance(name, str):
+        raise TypeError(
+            f"Storage name must be a str or StoragePolicy, got {type(name).__name__}."
+        )
+    canon = _LOOKUP.get(name.strip().lower())
+    if canon is None:
+        raise ValueError(
+            f"Unknown storage policy {name!r}; expected one of "
+            f"{list_storages()} or the short names "
+            f"{tuple(v[0] for v in _POLICIES.values())}."
+        )
+    _, compute, fmt = _POLICIES[canon]
+    return StoragePolicy(
+        name=canon,
+        compute_dtype=np.dtype(compute),
+        format=_formats.get_format(fmt),
+        shift=shift,
+    )
+
+
+def list_storages() -> tuple[str, ...]:
+    """Canonical names accepted by :func:`get_storage`."""
+    return tuple(_POLICIES)
