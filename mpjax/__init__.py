@@ -1,6 +1,7 @@
 """mpjax: functional mixed precision for JAX."""
 
 from mpjax import formats
+from mpjax._flax import apply_policy, policy_apply
 from mpjax._loss_scaling import (
     DynamicLossScaleState,
     NoLossScaleState,
@@ -21,6 +22,7 @@ __all__ = [
     "Policy",
     "StaticLossScaleState",
     "TrainState",
+    "apply_policy",
     "dynamic_loss_scaling",
     "formats",
     "get_loss_scale",
@@ -28,6 +30,7 @@ __all__ = [
     "get_skipped_steps",
     "make_train_step",
     "no_loss_scaling",
+    "policy_apply",
     "scaled_value_and_grad",
     "static_loss_scaling",
 ]
