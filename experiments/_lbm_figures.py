@@ -1,0 +1,195 @@
+"""Figures of the LBM accuracy study (see :mod:`experiments.lbm_accuracy`).
+
+Every function takes the study's run records (dicts with ``label``, ``shift``,
+``stable``, ``summary``, ``fields`` and, for cases run with an output directory,
+``history``) and writes one PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments._report import new_figure, save_figure
+
+__all__ = [
+    "cavity_figure",
+    "centrelines",
+    "cylinder_figure",
+    "error_figure",
+    "ghia",
+    "metric",
+    "taylor_green_figure",
+    "STROUHAL_RANGE",
+    "width_figure",
+]
+
+#: Schaefer & Turek (1996) 2D-2 reference range of the Strouhal number.
+STROUHAL_RANGE = (0.295, 0.305)
+
+
+def metric(record: dict[str, Any], key: str) -> float:
+    """A record's value of ``key``: a summary metric or a comparison error.
+
+    Unstable runs give ``inf``; a metric the case did not report gives NaN.
+    """
+    if not record["stable"]:
+        return math.inf
+    value = record.get(key, record["summary"].get(key))
+    return math.nan if value is None else float(value)
+
+
+def centrelines(u: np.ndarray, u_lid: float) -> tuple[np.ndarray, ...]:
+    """Cavity centre lines from a ``(2, n, n)`` field over the fluid nodes.
+
+    Returns ``(y, u(x=1/2, y), x, v(x, y=1/2))`` normalised by the cavity side and
+    the lid speed; node ``i`` sits at ``(i + 1/2) / n`` (half-way bounce-back walls).
+    """
+    u = np.asarray(u, np.float64) / u_lid
+    nx, ny = u.shape[1:]
+    mid_x = 0.5 * (u[0, (nx - 1) // 2, :] + u[0, nx // 2, :])
+    mid_y = 0.5 * (u[1, :, (ny - 1) // 2] + u[1, :, ny // 2])
+    return (np.arange(ny) + 0.5) / ny, mid_x, (np.arange(nx) + 0.5) / nx, mid_y
+
+
+def ghia(component: str, re: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ghia et al. (1982) centre-line table shipped with ``lbm_jax.cases``."""
+    path = resources.files("lbm_jax.cases").joinpath(
+        "data", f"ghia1982_{component}.csv"
+    )
+    with path.open("r", encoding="utf-8") as fh:
+        header = fh.readline().strip().split(",")
+        table = np.loadtxt(fh, delimiter=",", ndmin=2)
+    return table[:, 0], table[:, header.index(f"{component}_Re{re}")]
+
+
+def error_figure(
+    studies: dict[str, list[dict[str, Any]]], metric: dict[str, str], out: Path
+) -> Path:
+    fig, axes = new_figure(len(studies), 2, size=(6.8, 3.6))
+    for row, (case, records) in enumerate(studies.items()):
+        labels = [r["label"] for r in records]
+        for col, (key, title) in enumerate(
+            ((metric[case], "vs reference"), ("err_vs_fp64", "vs FP64/FP64"))
+        ):
+            ax = axes[row, col]
+            values = [metric(r, key) for r in records]
+            colors = ["tab:gray" if not r["shift"] else "tab:blue" for r in records]
+            finite = [v for v in values if math.isfinite(v) and v > 0]
+            top = max(finite) * 10 if finite else 1.0
+            heights = [v if math.isfinite(v) and v > 0 else top for v in values]
+            bars = ax.bar(range(len(values)), heights, color=colors)
+            for bar, v in zip(bars, values, strict=True):
+                if not math.isfinite(v):
+                    bar.set_hatch("//")
+                    bar.set_color("tab:red")
+            ax.set_yscale("log")
+            ax.set_xticks(
+                range(len(labels)), labels, rotation=60, ha="right", fontsize="x-small"
+            )
+            ax.set_title(f"{case}: {key} {title}", fontsize="small")
+            ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(
+        "blue: DDF-shifted, gray: unshifted, red hatched: unstable", fontsize="small"
+    )
+    return save_figure(fig, out / "errors.png")
+
+
+def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, axes = new_figure(1, 1)
+    ax = axes[0, 0]
+    for label in dict.fromkeys(r["label"] for r in records):
+        pts = sorted(
+            (r["n"], metric(r, "l2_error")) for r in records if r["label"] == label
+        )
+        ns, errs = zip(*pts, strict=True)
+        ax.loglog(ns, errs, "o-", label=label)
+    ax.set_xlabel("channel width N (cells)")
+    ax.set_ylabel("relative L2 error vs analytic profile")
+    ax.set_title("Poiseuille flow: error versus channel width")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
+    return save_figure(fig, out / "poiseuille_width.png")
+
+
+def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    res = list(dict.fromkeys(int(r["re"]) for r in records))
+    fig, axes = new_figure(len(res), 2, size=(5.0, 4.0))
+    for row, re in enumerate(res):
+        ax_u, ax_v = axes[row]
+        for r in records:
+            if int(r["re"]) != re or not r["stable"]:
+                continue
+            y, u, x, v = centrelines(r["fields"]["u"], r["summary"]["u_ref"])
+            ax_u.plot(u, y, label=r["label"], lw=1)
+            ax_v.plot(x, v, label=r["label"], lw=1)
+        gy, gu = ghia("u", re)
+        gx, gv = ghia("v", re)
+        ax_u.plot(gu, gy, "ko", ms=3, label="Ghia et al. 1982")
+        ax_v.plot(gx, gv, "ko", ms=3, label="Ghia et al. 1982")
+        ax_u.set(xlabel="u / U_lid at x = 1/2", ylabel="y", title=f"Re = {re}")
+        ax_v.set(xlabel="x", ylabel="v / U_lid at y = 1/2", title=f"Re = {re}")
+        for ax in (ax_u, ax_v):
+            ax.grid(alpha=0.3)
+        ax_v.legend(fontsize="x-small")
+    return save_figure(fig, out / "cavitycentrelines.png")
+
+
+def cylinder_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    fig, axes = new_figure(1, 2, size=(6.0, 4.0))
+    ax_sig, ax_st = axes[0]
+    for r in records:
+        history = r.get("history", {})
+        if r["stable"] and "cl" in history:
+            t = np.asarray(history.get("t", np.arange(len(history["cl"]))))
+            ax_sig.plot(t, history["cl"], lw=0.8, label=r["label"])
+    ax_sig.set(xlabel="time step", ylabel="lift coefficient c_l", title="Lift signal")
+    ax_sig.grid(alpha=0.3)
+    if ax_sig.lines:
+        ax_sig.legend(fontsize="x-small")
+    st = [metric(r, "strouhal") for r in records]
+    ax_st.bar(range(len(st)), [v if math.isfinite(v) else 0.0 for v in st])
+    low, high = STROUHAL_RANGE
+    ax_st.axhspan(low, high, color="tab:green", alpha=0.3, label="Schaefer-Turek 2D-2")
+    ax_st.set_xticks(
+        range(len(st)), [r["label"] for r in records], rotation=60, ha="right"
+    )
+    ax_st.set(ylabel="Strouhal number", title="Karman street: Strouhal number")
+    ax_st.legend(fontsize="x-small")
+    return save_figure(fig, out / "cylinder.png")
+
+
+def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    """Mode amplitude over time, and its deviation from the exact viscous decay."""
+    fig, axes = new_figure(1, 2, size=(6.0, 4.2))
+    ax_amp, ax_dev = axes[0]
+    exact_drawn = False
+    for r in records:
+        history = r.get("history", {})
+        if not r["stable"] or "amplitude" not in history:
+            continue
+        t = np.asarray(history["t"], np.float64)
+        amp = np.asarray(history["amplitude"], np.float64) / r["summary"]["u_ref"]
+        exact = np.exp(-r["summary"]["decay_rate_exact"] * t)
+        style = "-" if r["shift"] else "--"
+        ax_amp.plot(t, amp, style, lw=1, label=r["label"])
+        ax_dev.semilogy(t[1:], np.abs(amp[1:] / exact[1:] - 1.0) + 1e-16, style, lw=1)
+        if not exact_drawn:
+            ax_amp.plot(t, exact, "k:", lw=2, label="exact exp(-2 nu k^2 t)")
+            exact_drawn = True
+    ax_amp.set(
+        xlabel="time step", ylabel="mode amplitude / U0", title="Taylor-Green decay"
+    )
+    ax_dev.set(
+        xlabel="time step",
+        ylabel="|amplitude / exact - 1|",
+        title="Deviation from the exact decay (dashed: unshifted)",
+    )
+    for ax in (ax_amp, ax_dev):
+        ax.grid(alpha=0.3, which="both")
+    ax_amp.legend(fontsize="x-small", ncol=2)
+    return save_figure(fig, out / "taylor_green_decay.png")

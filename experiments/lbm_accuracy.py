@@ -1,0 +1,498 @@
+"""LBM accuracy of 16-bit population storage (after Lehmann et al., PRE 106, 2022).
+
+Every case runs through :func:`lbm_jax.cases.run_case` once per storage policy:
+FP64/FP64 and FP32/FP32 (DDF-shifted, the solver's default) and each 16-bit format
+(FP16, FP16S, FP16C, posit16, posit16_es2, bfloat16) both without and with
+DDF-shifting. Each run is compared with the analytic or published reference (the
+case's own metric) and with the FP64/FP64 run of the same case (relative L2 norm of
+the velocity difference).
+
+Studies and their figures:
+
+* Poiseuille channel: error against the analytic profile for every policy, and error
+  versus channel width for a few policies (``poiseuille_width.png``);
+* Taylor-Green vortex: velocity error and error of the viscous decay rate;
+* lid-driven cavity against Ghia et al. (1982): centre-line profiles
+  (``cavity_centrelines.png``), Re 100 in quick mode, Re 100/400/1000 in full mode;
+* Karman vortex street (confined cylinder, Schaefer & Turek 2D-2): Strouhal number,
+  maximum drag and lift coefficients.
+
+Scale ``quick`` runs every policy for Poiseuille and Taylor-Green on small grids, the
+cavity at Re 100 on a coarse grid for FP64/FP32/FP16/FP16S/FP16C, and the cylinder for
+FP32/FP16S/FP16C; ``full`` runs paper-like sizes and every policy everywhere. An
+unstable run (``lbm_jax.InstabilityError``) is a result, recorded as unstable.
+
+Outputs: ``results.json``, ``errors.png``, ``poiseuille_width.png``,
+``taylor_green_decay.png``, ``cavity_centrelines.png``, ``cylinder.png``,
+``REPORT.md`` and per-run files under ``runs/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+import lbm_jax
+from experiments import _framework
+from experiments._lbm_figures import (
+    cavity_figure,
+    cylinder_figure,
+    error_figure,
+    metric,
+    taylor_green_figure,
+    width_figure,
+)
+from experiments._report import markdown_table, progress
+
+__all__ = ["RUNS_ALL", "Settings", "run", "settings_for"]
+
+SIXTEEN_BIT = ("fp16", "fp16s", "fp16c", "posit16", "posit16_es2", "bf16")
+
+#: (storage, shift) pairs of a complete comparison, in table order.
+RUNS_ALL: tuple[tuple[str, bool], ...] = (
+    ("fp64", True),
+    ("fp32", True),
+    *((s, shift) for s in SIXTEEN_BIT for shift in (False, True)),
+)
+
+_FEW = (("fp64", True), ("fp32", True), ("fp16", False), ("fp16s", True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Sizes and policies of one scale of the accuracy study.
+
+    A ``steps`` of ``None`` lets the case choose its default number of steps.
+    """
+
+    poiseuille_n: int
+    poiseuille_steps: int | None
+    widths: tuple[int, ...]
+    width_runs: tuple[tuple[str, bool], ...]
+    taylor_green_n: int
+    taylor_green_steps: int | None
+    cavity_n: int
+    cavity_re: tuple[int, ...]
+    cavity_steps: int | None
+    cavity_runs: tuple[tuple[str, bool], ...]
+    cylinder_n: int | None
+    cylinder_steps: int | None
+    cylinder_runs: tuple[tuple[str, bool], ...]
+    runs: tuple[tuple[str, bool], ...] = RUNS_ALL
+
+
+_SETTINGS = {
+    "tiny": Settings(
+        poiseuille_n=8,
+        poiseuille_steps=400,
+        widths=(6, 10),
+        width_runs=(("fp32", True), ("fp16s", True)),
+        taylor_green_n=16,
+        taylor_green_steps=100,
+        cavity_n=16,
+        cavity_re=(100,),
+        cavity_steps=300,
+        cavity_runs=(("fp32", True), ("fp16s", True)),
+        cylinder_n=None,
+        cylinder_steps=None,
+        cylinder_runs=(),
+        runs=_FEW,
+    ),
+    "quick": Settings(
+        poiseuille_n=16,
+        poiseuille_steps=None,
+        widths=(8, 16, 32),
+        width_runs=(("fp32", True), ("fp16", False), ("fp16s", True), ("fp16c", True)),
+        taylor_green_n=32,
+        taylor_green_steps=None,
+        cavity_n=48,
+        cavity_re=(100,),
+        cavity_steps=None,
+        cavity_runs=(
+            ("fp64", True),
+            ("fp32", True),
+            ("fp16", False),
+            ("fp16s", True),
+            ("fp16c", True),
+        ),
+        cylinder_n=None,
+        cylinder_steps=None,
+        cylinder_runs=(("fp32", True), ("fp16s", True), ("fp16c", True)),
+    ),
+    "full": Settings(
+        poiseuille_n=64,
+        poiseuille_steps=None,
+        widths=(8, 16, 32, 64, 128),
+        width_runs=(("fp64", True), ("fp32", True), ("fp16", False))
+        + tuple((s, True) for s in SIXTEEN_BIT),
+        taylor_green_n=128,
+        taylor_green_steps=None,
+        cavity_n=128,
+        cavity_re=(100, 400, 1000),
+        cavity_steps=None,
+        cavity_runs=RUNS_ALL,
+        cylinder_n=None,
+        cylinder_steps=None,
+        cylinder_runs=RUNS_ALL,
+    ),
+}
+
+
+def settings_for(scale: str) -> Settings:
+    """Return the study settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
+    if scale not in _SETTINGS:
+        raise ValueError(f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}.")
+    return _SETTINGS[scale]
+
+
+def _label(storage: str, shift: bool) -> str:
+    name = lbm_jax.get_storage(storage).name
+    return name if storage in ("fp64", "fp32") else f"{name} {'S' if shift else '-'}"
+
+
+def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, Any]:
+    """One run_case call; FP64 runs get x64 enabled, instability becomes a record."""
+    options = {k: v for k, v in kwargs.items() if v is not None}
+    record: dict[str, Any] = {
+        "case": case,
+        "storage": lbm_jax.get_storage(storage).name,
+        "shift": shift,
+        "label": _label(storage, shift),
+        **{k: v for k, v in options.items() if k != "out_dir"},
+    }
+    try:
+        if storage == "fp64":
+            with jax.enable_x64(True):
+                result = lbm_jax.cases.run_case(
+                    case, storage=storage, shift=shift, **options
+                )
+        else:
+            result = lbm_jax.cases.run_case(
+                case, storage=storage, shift=shift, **options
+            )
+    except lbm_jax.InstabilityError as err:
+        record.update(stable=False, error=str(err), summary={}, fields=None)
+        return record
+    record.update(stable=True, summary=dict(result.summary), fields=result.fields)
+    if "out_dir" in options:
+        record["history"] = _history(Path(options["out_dir"]))
+    return record
+
+
+def _slug(label: str) -> str:
+    return label.replace("/", "_").replace(" ", "_").replace("-", "noshift")
+
+
+def _rel_l2(u: np.ndarray, ref: np.ndarray) -> float:
+    u = np.asarray(u, np.float64)
+    ref = np.asarray(ref, np.float64)
+    norm = float(np.sqrt(np.sum(ref * ref)))
+    return float(np.sqrt(np.sum((u - ref) ** 2))) / norm if norm > 0 else math.inf
+
+
+def _compare_to(records: list[dict[str, Any]], reference: dict[str, Any]) -> None:
+    """Add ``err_vs_fp64`` (relative L2 of velocity) and density drift to records."""
+    ref_fields = reference.get("fields")
+    for r in records:
+        if not r["stable"] or ref_fields is None:
+            r["err_vs_fp64"] = math.inf if not r["stable"] else math.nan
+            r["max_drho_vs_fp64"] = math.inf if not r["stable"] else math.nan
+            continue
+        r["err_vs_fp64"] = _rel_l2(r["fields"]["u"], ref_fields["u"])
+        drho = np.asarray(r["fields"]["rho"], np.float64) - ref_fields["rho"]
+        r["max_drho_vs_fp64"] = float(np.max(np.abs(drho)))
+
+
+def _sweep(
+    case: str,
+    runs: Sequence[tuple[str, bool]],
+    desc: str,
+    *,
+    run_root: Path | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    records = []
+    for s, shift in progress(runs, desc=desc, total=len(runs)):
+        out = None if run_root is None else run_root / _slug(_label(s, shift))
+        records.append(_run_one(case, s, shift, out_dir=out, **kwargs))
+    reference = next((r for r in records if r["storage"] == "FP64/FP64"), None)
+    if reference is None:  # without an FP64 run compare with FP32/FP32
+        reference = next((r for r in records if r["storage"] == "FP32/FP32"), {})
+    _compare_to(records, reference)
+    return records
+
+
+def _find(records: list[dict[str, Any]], storage: str, shift: bool) -> dict | None:
+    name = lbm_jax.get_storage(storage).name
+    for r in records:
+        if r["storage"] == name and (r["shift"] == shift or storage in ("fp64",)):
+            return r
+    return None
+
+
+def _history(run_dir: Path) -> dict[str, np.ndarray]:
+    """Time series a case wrote to ``fields.npz`` besides ``rho`` and ``u``."""
+    path = run_dir / "fields.npz"
+    if not path.is_file():
+        return {}
+    with np.load(path) as data:
+        return {k: data[k] for k in data.files if k not in ("rho", "u")}
+
+
+def _rows(records: list[dict[str, Any]], keys: Sequence[str]) -> list[list[Any]]:
+    rows = []
+    for r in records:
+        status = "stable" if r["stable"] else "UNSTABLE"
+        values = [metric(r, k) for k in keys]
+        rows.append([r["label"], status, *values])
+    return rows
+
+
+def _ordered_worse(records, worse: tuple[str, bool], better: tuple[str, bool]) -> bool:
+    a, b = _find(records, *worse), _find(records, *better)
+    if a is None or b is None:
+        return True  # not part of this scale
+    return bool(a["err_vs_fp64"] > b["err_vs_fp64"])
+
+
+def _checks(
+    poiseuille: list[dict[str, Any]],
+    taylor_green: list[dict[str, Any]],
+    cavity: list[dict[str, Any]],
+    cylinder: list[dict[str, Any]],
+    settings: Settings,
+) -> dict[str, bool]:
+    ref = ("fp64", True) if ("fp64", True) in settings.runs else ("fp32", True)
+    checks = {
+        "poiseuille_reference_matches_analytic": metric(
+            _find(poiseuille, *ref), "l2_error"
+        )
+        < 0.02,
+        "taylor_green_reference_matches_analytic": metric(
+            _find(taylor_green, *ref), "l2_error"
+        )
+        < 0.05,
+    }
+    for case, records in (("poiseuille", poiseuille), ("taylor_green", taylor_green)):
+        fp32 = _find(records, "fp32", True)
+        if ref[0] == "fp64" and fp32 is not None:
+            checks[f"{case}_fp32_matches_fp64"] = fp32["err_vs_fp64"] < 1e-3
+        shifted = [
+            r
+            for r in records
+            if r["shift"]
+            and r["storage"] not in ("FP64/FP64", "FP32/FP32")
+            and r["storage"] != "FP32/bfloat16"
+        ]
+        checks[f"{case}_shifted_16bit_finite"] = all(
+            r["stable"] and math.isfinite(r["err_vs_fp64"]) for r in shifted
+        )
+        checks[f"{case}_fp16_unshifted_worse_than_fp16s"] = _ordered_worse(
+            records, ("fp16", False), ("fp16s", True)
+        )
+    if cavity:
+        fp32 = [r for r in cavity if r["storage"] == "FP32/FP32"]
+        checks["cavity_fp32_matches_ghia"] = all(
+            metric(r, "ghia_max_error") < _GHIA_TOL[settings.cavity_n >= 96]
+            for r in fp32
+        )
+        fp16s = [r for r in cavity if r["storage"] == "FP32/FP16S" and r["shift"]]
+        checks["cavity_fp16s_finite"] = all(
+            r["stable"] and math.isfinite(r["err_vs_fp64"]) for r in fp16s
+        )
+    if cylinder:
+        fp32 = _find(cylinder, "fp32", True)
+        st = metric(fp32, "strouhal") if fp32 else math.nan
+        checks["cylinder_fp32_strouhal_within_10pct"] = abs(st / 0.3 - 1.0) < 0.1
+    return checks
+
+
+# Largest deviation from Ghia's table accepted for FP32 (coarse grid, fine grid).
+_GHIA_TOL = {False: 0.08, True: 0.04}
+
+
+def _strip(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records without field arrays and histories, for results.json."""
+    return [
+        {k: v for k, v in r.items() if k not in ("fields", "history")} for r in records
+    ]
+
+
+_MAIN_KEYS = ("l2_error", "err_vs_fp64")
+_TG_KEYS = ("l2_error", "decay_rate_error", "err_vs_fp64")
+_CAVITY_KEYS = ("ghia_max_error", "err_vs_fp64")
+_CYLINDER_KEYS = ("strouhal", "cd_max", "cl_max", "err_vs_fp64")
+
+
+def run(
+    out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
+) -> dict[str, Any]:
+    """Run the accuracy study; write JSON, figures and ``REPORT.md`` to ``out_dir``.
+
+    Args:
+        out_dir: an existing, empty directory.
+        quick: CPU-sized study (``True``) or paper-like sizes (for a GPU).
+        seed: recorded for provenance (every case starts from a deterministic state).
+        scale: override the scale (``"tiny"`` for tests); see
+            :func:`experiments._framework.resolve_scale`.
+
+    Returns:
+        ``{"table", "checks", "scale", "records"}`` where ``records`` maps each study
+        to its run records (summaries and errors, no field arrays).
+    """
+    scale = _framework.resolve_scale(quick, scale)
+    st = settings_for(scale)
+    out_dir = Path(out_dir)
+    env = _framework.capture_environment(seed=seed, scale=scale)
+    runs_dir = out_dir / "runs"
+
+    poiseuille = _sweep(
+        "poiseuille",
+        st.runs,
+        "poiseuille",
+        n=st.poiseuille_n,
+        steps=st.poiseuille_steps,
+    )
+    widths = []
+    for n in st.widths:
+        widths += _sweep(
+            "poiseuille",
+            st.width_runs,
+            f"poiseuille N={n}",
+            n=n,
+            steps=st.poiseuille_steps,
+        )
+    taylor_green = _sweep(
+        "taylor_green",
+        st.runs,
+        "taylor_green",
+        n=st.taylor_green_n,
+        steps=st.taylor_green_steps,
+        run_root=runs_dir / "taylor_green",
+    )
+    cavity = []
+    for re in st.cavity_re:
+        cavity += _sweep(
+            "cavity",
+            st.cavity_runs,
+            f"cavity Re={re}",
+            n=st.cavity_n,
+            re=re,
+            steps=st.cavity_steps,
+        )
+    cylinder = (
+        _sweep(
+            "cylinder",
+            st.cylinder_runs,
+            "cylinder",
+            n=st.cylinder_n,
+            steps=st.cylinder_steps,
+            run_root=runs_dir / "cylinder",
+        )
+        if st.cylinder_runs
+        else []
+    )
+
+    checks = _checks(poiseuille, taylor_green, cavity, cylinder, st)
+    tables = {
+        "Poiseuille": markdown_table(
+            ["storage", "status", "L2 vs analytic", "L2 vs FP64"],
+            _rows(poiseuille, _MAIN_KEYS),
+        ),
+        "Taylor-Green": markdown_table(
+            ["storage", "status", "L2 vs analytic", "decay-rate error", "L2 vs FP64"],
+            _rows(taylor_green, _TG_KEYS),
+        ),
+    }
+    if cavity:
+        tables["Lid-driven cavity"] = markdown_table(
+            ["storage", "Re", "status", "max error vs Ghia", "L2 vs FP64"],
+            [
+                [r[0], int(c["re"]), *r[1:]]
+                for r, c in zip(_rows(cavity, _CAVITY_KEYS), cavity, strict=True)
+            ],
+        )
+    if cylinder:
+        tables["Cylinder (Schaefer-Turek 2D-2)"] = markdown_table(
+            ["storage", "status", "St", "c_d max", "c_l max", "L2 vs FP32"],
+            _rows(cylinder, _CYLINDER_KEYS),
+        )
+    table = "\n\n".join(f"**{name}**\n\n{t}" for name, t in tables.items())
+
+    figures = [
+        error_figure(
+            {"poiseuille": poiseuille, "taylor_green": taylor_green},
+            {"poiseuille": "l2_error", "taylor_green": "l2_error"},
+            out_dir,
+        ),
+        width_figure(widths, out_dir),
+        taylor_green_figure(taylor_green, out_dir),
+    ]
+    if cavity:
+        figures.append(cavity_figure(cavity, out_dir))
+    if cylinder:
+        figures.append(cylinder_figure(cylinder, out_dir))
+    records = {
+        "poiseuille": _strip(poiseuille),
+        "poiseuille_width": _strip(widths),
+        "taylor_green": _strip(taylor_green),
+        "cavity": _strip(cavity),
+        "cylinder": _strip(cylinder),
+    }
+    _framework.write_json(
+        out_dir / "results.json",
+        {
+            "pipeline": "lbm_accuracy",
+            "settings": dataclasses.asdict(st),
+            "records": records,
+            "checks": checks,
+            "environment": env,
+        },
+    )
+    _write_report(out_dir, scale, st, tables, figures, checks, env)
+    return {"table": table, "checks": checks, "scale": scale, "records": records}
+
+
+def _write_report(
+    out_dir: Path,
+    scale: str,
+    st: Settings,
+    tables: dict[str, str],
+    figures: list[Path],
+    checks: dict[str, bool],
+    env: dict[str, Any],
+) -> None:
+    cyl = ", ".join(_label(s, sh) for s, sh in st.cylinder_runs) or "not run"
+    lines = [
+        "# LBM accuracy of 16-bit population storage",
+        "",
+        f"Scale **{scale}** on {env['backend']} ({env['device_kind']}); git "
+        f"`{env['git_commit']}`; `python -m experiments lbm_accuracy"
+        f"{' --full' if scale == 'full' else ''}`.",
+        "",
+        "Storage labels: `FP32/FP16S S` = stored DDF-shifted, `FP32/FP16S -` = "
+        "stored unshifted; FP64/FP64 and FP32/FP32 run shifted. 'L2 vs FP64' is "
+        "the relative L2 norm of the velocity difference to the FP64/FP64 run of "
+        "the same case (to FP32/FP32 where no FP64 run exists).",
+        "",
+        f"What ran: Poiseuille with N = {st.poiseuille_n} and Taylor-Green with "
+        f"N = {st.taylor_green_n} for {len(st.runs)} storage variants; Poiseuille "
+        f"widths {list(st.widths)}; cavity at Re {list(st.cavity_re)} with "
+        f"N = {st.cavity_n} for {', '.join(_label(*r) for r in st.cavity_runs)}; "
+        f"confined cylinder (Schaefer-Turek 2D-2, Re 100) for {cyl}. Case "
+        "defaults (relaxation time, velocity, steps) come from "
+        "`lbm_jax.cases.run_case`; see `results.json` for every parameter.",
+        "",
+    ]
+    for name, table in tables.items():
+        lines += [f"## {name}", "", table, ""]
+    lines += [f"![{p.stem}]({p.name})" for p in figures]
+    lines += ["", "## Checks", ""]
+    lines += [f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()]
+    (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
