@@ -88,6 +88,12 @@ def _is_float_array(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _wide(dtype: Any) -> np.dtype:
+    """float32, or the dtype itself when it is wider (float64)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.itemsize > 4 else np.dtype(np.float32)
+
+
 def _unscale(updates: Any, scale: jax.Array | None) -> tuple[Any, jax.Array]:
     """Divides floating leaves by ``scale`` in float32 (or float64) and checks them.
 
@@ -104,7 +110,7 @@ def _unscale(updates: Any, scale: jax.Array | None) -> tuple[Any, jax.Array]:
             continue
         g = jnp.asarray(g)
         if scale is not None:
-            wide = jnp.promote_types(g.dtype, jnp.float32)
+            wide = _wide(g.dtype)
             g = (g.astype(wide) / scale.astype(wide)).astype(g.dtype)
         finite = jnp.logical_and(finite, jnp.all(jnp.isfinite(g)))
         out.append(g)
@@ -523,7 +529,7 @@ def scaled_value_and_grad(
                 + f", got {getattr(loss, 'dtype', type(loss).__name__)} with shape "
                 f"{jnp.shape(loss)}; reduce the loss (e.g. jnp.mean) and return it."
             )
-        wide = jnp.promote_types(loss.dtype, jnp.float32)
+        wide = _wide(loss.dtype)
         scale = lax.stop_gradient(jnp.asarray(loss_scale, jnp.float32)).astype(wide)
         return loss.astype(wide) * scale, (loss, aux)
 
