@@ -1,3 +1,49 @@
-"""Bit-exact number formats in pure jax.numpy."""
+"""Bit-exact number formats in pure jax.numpy.
 
-__all__: list[str] = []
+Every format is a `NumberFormat` value with `encode`, `decode` and `round` plus its
+facts (`max`, `min_normal`, `min_subnormal`, `epsilon`, ...). Formats come from
+three general constructors, `minifloat`, `scaled` and `posit`, and the registry
+(`get_format`, `list_formats`) names the common ones:
+
+float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2
+    native IEEE-style formats; `encode` is a dtype cast (XLA rounds to nearest
+    even; overflow gives Inf, or NaN for float8_e4m3fn, which has no Inf).
+fp16s
+    `scaled(float16, 15)`: float16 storage of `x * 2**15`, range [2**-39, 2).
+fp16c
+    1 sign, 4 exponent, 11 mantissa bits, bias 15, no Inf/NaN codes; saturates
+    to +-(2 - 2**-11); NaN encodes to 0x7FFF (+max). FluidX3D's own FP16C
+    encoder rounds ties away from zero and wraps values >= 2; this one rounds
+    ties to even and saturates.
+posit16, posit16_es2
+    posit<16,1> (older SoftPosit convention) and posit<16,2> (2022 standard);
+    NaR = 0x8000, NaN/Inf encode to NaR, no non-zero value rounds to 0 or NaR.
+
+All rounding is to nearest, ties to even. Minifloats keep signed zeros; posits
+have a single zero.
+
+>>> from mpjax import formats
+>>> fmt = formats.get_format("fp16c")
+>>> int(fmt.encode(1.0)), float(fmt.round(3.0))
+(15360, 1.99951171875)
+"""
+
+from mpjax.formats._base import NumberFormat
+from mpjax.formats._minifloat import MinifloatFormat, minifloat
+from mpjax.formats._posit import PositFormat, posit
+from mpjax.formats._registry import facts_table, get_format, list_formats, round
+from mpjax.formats._scaled import ScaledFormat, scaled
+
+__all__ = [
+    "MinifloatFormat",
+    "NumberFormat",
+    "PositFormat",
+    "ScaledFormat",
+    "facts_table",
+    "get_format",
+    "list_formats",
+    "minifloat",
+    "posit",
+    "round",
+    "scaled",
+]

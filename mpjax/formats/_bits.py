@@ -1,0 +1,68 @@
+"""Bit-level helpers shared by the integer codecs."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["SourceLayout", "source_layout", "rne_shift_right", "storage_uint"]
+
+
+class SourceLayout(NamedTuple):
+    """Bit layout of the IEEE binary float being encoded (float32 or float64)."""
+
+    uint: np.dtype  # unsigned integer of the same width
+    sint: np.dtype  # signed integer of the same width
+    width: int  # total bits
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+
+    @property
+    def abs_mask(self) -> int:
+        return (1 << (self.width - 1)) - 1
+
+    @property
+    def uint_max(self) -> int:
+        return (1 << self.width) - 1
+
+    @property
+    def mantissa_mask(self) -> int:
+        return (1 << self.mantissa_bits) - 1
+
+    @property
+    def inf_bits(self) -> int:
+        return ((1 << self.exponent_bits) - 1) << self.mantissa_bits
+
+
+_F32 = SourceLayout(np.dtype(np.uint32), np.dtype(np.int32), 32, 8, 23, 127)
+_F64 = SourceLayout(np.dtype(np.uint64), np.dtype(np.int64), 64, 11, 52, 1023)
+
+
+def source_layout(dtype: np.dtype) -> SourceLayout:
+    """The layout for a float32 or float64 working dtype."""
+    return _F64 if np.dtype(dtype) == np.dtype(np.float64) else _F32
+
+
+def storage_uint(bits: int) -> np.dtype:
+    """The smallest unsigned dtype (uint8 or uint16) that holds `bits` bits."""
+    return np.dtype(np.uint8) if bits <= 8 else np.dtype(np.uint16)
+
+
+def rne_shift_right(value: jax.Array, shift: jax.Array) -> jax.Array:
+    """`value / 2**shift` rounded to nearest, ties to even (unsigned ints).
+
+    `shift` is an array of the same unsigned dtype with values >= 1; it may be as
+    large as the bit width (then the result is 0 or 1 by the usual rule, so callers
+    clamp it to `mantissa_bits + 2`).
+    """
+    one = jnp.ones((), value.dtype)
+    quotient = value >> shift
+    remainder = value & ((one << shift) - one)
+    half = one << (shift - one)
+    odd = (quotient & one) == one
+    round_up = (remainder > half) | ((remainder == half) & odd)
+    return quotient + round_up.astype(value.dtype)

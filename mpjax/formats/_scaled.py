@@ -1,0 +1,156 @@
+"""The `scaled(fmt, exponent)` combinator: a format shifted by a power of two."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mpjax.formats._base import NumberFormat
+from mpjax.formats._bits import source_layout
+
+__all__ = ["ScaledFormat", "scaled"]
+
+_F32_MIN_NORMAL = 2.0**-126
+_INNER_MIN = 2.0**-125
+_F32_MAX_EXCLUSIVE = 2.0**128
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledFormat(NumberFormat):
+    """`inner` applied to `x * 2**exponent`; decoding multiplies by `2**-exponent`.
+
+    Multiplying by a power of two is exact in float32/float64 (the validated range
+    keeps every intermediate normal), so the scaled format inherits the inner
+    format's rounding (nearest, ties to even), signed zeros, overflow and NaN
+    behaviour, with every threshold divided by `2**exponent`. Build it with
+    `scaled`.
+
+    Attributes:
+        name: registry name.
+        inner: the underlying format.
+        exponent: the power of two applied before encoding.
+    """
+
+    name: str
+    inner: NumberFormat
+    exponent: int
+
+    @property
+    def has_inf(self) -> bool:  # type: ignore[override]
+        return self.inner.has_inf
+
+    @property
+    def has_nan(self) -> bool:  # type: ignore[override]
+        return self.inner.has_nan
+
+    @property
+    def bits(self) -> int:
+        return self.inner.bits
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        return self.inner.storage_dtype
+
+    @property
+    def max(self) -> float:
+        return self.inner.max * 2.0**-self.exponent
+
+    @property
+    def min_normal(self) -> float | None:
+        inner = self.inner.min_normal
+        return None if inner is None else inner * 2.0**-self.exponent
+
+    @property
+    def min_subnormal(self) -> float:
+        return self.inner.min_subnormal * 2.0**-self.exponent
+
+    @property
+    def epsilon(self) -> float:
+        return self.inner.epsilon
+
+    def _encode(self, x: jax.Array) -> jax.Array:
+        factor = jnp.asarray(2.0**self.exponent, x.dtype)
+        y = x * factor
+        # A non-zero x whose product underflowed (or a subnormal x, which the CPU
+        # treats as zero) becomes the smallest normal of the same sign: the inner
+        # format then rounds it exactly as the tiny true product (to zero for
+        # minifloats, whose smallest value is >= 2**-125; to minpos for posits).
+        src = source_layout(x.dtype)
+        bits = lax.bitcast_convert_type(x, src.uint)
+        nonzero = (bits & jnp.asarray(src.abs_mask, src.uint)) != 0
+        negative = (bits >> jnp.asarray(src.width - 1, src.uint)) != 0
+        tiny = jnp.asarray(np.finfo(x.dtype).tiny, x.dtype)
+        lost = nonzero & (y == 0)
+        y = jnp.where(lost, jnp.where(negative, -tiny, tiny), y)
+        return self.inner._encode(y)
+
+    def _decode(self, stored: jax.Array, dtype: np.dtype) -> jax.Array:
+        factor = jnp.asarray(2.0**-self.exponent, dtype)
+        return self.inner._decode(stored, dtype) * factor
+
+
+def scaled(fmt: NumberFormat, exponent: int, name: str | None = None) -> ScaledFormat:
+    """Returns `fmt` applied to `x * 2**exponent` (decode divides it out again).
+
+    `scaled(get_format("float16"), 15)` is fp16s: float16 storage (fast F16C
+    conversions) for values in roughly [2**-39, 2).
+
+    Args:
+        fmt: the underlying format (any `NumberFormat`, e.g. from `get_format`).
+        exponent: the power of two; positive values move the range down.
+        name: the format's name; default `f"{fmt.name}*2^{exponent}"`.
+
+    Returns:
+        The `ScaledFormat`.
+
+    Raises:
+        TypeError: if `fmt` is not a `NumberFormat` or `exponent` not an int.
+        ValueError: if the scaled range leaves float32's normal range
+            [2**-126, 2**128).
+
+    >>> from mpjax.formats import get_format
+    >>> scaled(get_format("float16"), 15).max
+    1.9990234375
+    """
+    if not isinstance(fmt, NumberFormat):
+        raise TypeError(
+            f"fmt must be a NumberFormat (e.g. get_format('float16')), got "
+            f"{type(fmt).__name__} {fmt!r}"
+        )
+    if isinstance(exponent, bool) or not isinstance(exponent, int | np.integer):
+        raise TypeError(
+            f"exponent must be an int power of two, got {type(exponent).__name__} "
+            f"{exponent!r}"
+        )
+    exponent = int(exponent)
+    if name is None:
+        name = f"{fmt.name}*2^{exponent}"
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str or None, got {name!r}")
+    if fmt.min_subnormal < _INNER_MIN:
+        raise ValueError(
+            f"scaled() needs an inner format whose smallest positive value is at "
+            f"least 2**-125 (so x * 2**exponent never relies on float32 "
+            f"subnormals, which XLA:CPU flushes to zero); {fmt.name} goes down to "
+            f"{fmt.min_subnormal:g}. Use a 16-bit or smaller format such as float16"
+        )
+    out = ScaledFormat(name, fmt, exponent)
+    if out.max >= _F32_MAX_EXCLUSIVE or out.min_subnormal < _F32_MIN_NORMAL:
+        raise ValueError(
+            f"scaled({fmt.name}, {exponent}) spans [{out.min_subnormal:g}, "
+            f"{out.max:g}], which must lie within float32's normal range "
+            f"[2**-126, 2**128); choose an exponent between "
+            f"{_exp_bounds(fmt)[0]} and {_exp_bounds(fmt)[1]}"
+        )
+    return out
+
+
+def _exp_bounds(fmt: NumberFormat) -> tuple[int, int]:
+    lo = math.floor(math.log2(fmt.max)) - 127
+    hi = math.floor(math.log2(fmt.min_subnormal)) + 126
+    return lo, hi
