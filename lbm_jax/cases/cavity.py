@@ -1,0 +1,210 @@
+"""Lid-driven cavity in 2-D (D2Q9, against Ghia et al. 1982) and 3-D (D3Q19).
+
+The cavity has ``n`` fluid nodes per side at ``(i + 1/2) / n`` (in units of the
+side), enclosed by half-way bounce-back walls; the lid is the top y wall and moves
+in +x with speed ``u_ref`` (Ladd's moving-wall rule), ``re = u_ref n / nu``. In 3-D
+(``cavity3d``, or ``lattice="D3Q19"``) the cube is closed in z as well.
+
+Without a step count the run continues until the velocity field is steady: the
+relative L2 change per step, measured over ``check_every`` steps, falls below
+``tol`` (or ``max_lid_times`` lid-crossing times pass).
+
+Metrics (2-D, Re in 100/400/1000): ``ghia_u_max_error`` and ``ghia_v_max_error``,
+the largest deviation (in lid-speed units) from Ghia et al. on the vertical and
+horizontal centre lines, and ``ghia_max_error``, the larger of the two. Always:
+``u_min_centre``, ``v_min_centre``, ``v_max_centre``, ``residual``, ``converged``
+and ``mass_drift`` (relative change of the total mass).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from lbm_jax.cases import _common, _params, _reference
+from lbm_jax.cases._common import CaseSetup
+
+__all__ = ["centre_lines", "ghia_errors", "prepare"]
+
+_DEFAULTS: dict[str, Any] = {
+    "collision": "trt",
+    "magic": 3.0 / 16.0,
+    "u_ref": 0.1,
+    "lattice": None,
+    "tol": 1e-8,
+    "check_every": 500,
+    "max_lid_times": 150.0,
+}
+_LATTICES = ("D2Q9", "D3Q19", "D3Q27")
+
+
+def centre_lines(u: np.ndarray, u_lid: float) -> dict[str, np.ndarray]:
+    """Centre-line profiles in lid units, with the wall values appended.
+
+    Args:
+        u: Velocity ``(D, n, n[, n])`` at the fluid nodes (nodes at ``(i+1/2)/n``).
+        u_lid: Lid speed.
+
+    Returns:
+        ``{"y", "u", "x", "v"}``: u along y on the vertical line x = 1/2 and v along
+        x on the horizontal line y = 1/2 (in 3-D both on the mid-plane z = 1/2),
+        including the wall points (0 and 1) where the no-slip values are known.
+    """
+    n = u.shape[1]
+
+    def mid(a: np.ndarray, axis: int) -> np.ndarray:
+        lo, hi = (n - 1) // 2, n // 2
+        return 0.5 * (np.take(a, lo, axis=axis) + np.take(a, hi, axis=axis))
+
+    uu = u / u_lid
+    if uu.ndim == 4:
+        uu = 0.5 * (uu[..., (n - 1) // 2] + uu[..., n // 2])
+    pos = (np.arange(n) + 0.5) / n
+    coord = np.concatenate([[0.0], pos, [1.0]])
+    u_line = np.concatenate([[0.0], mid(uu[0], 0), [1.0]])
+    v_line = np.concatenate([[0.0], mid(uu[1], 1), [0.0]])
+    return {"y": coord, "u": u_line, "x": coord.copy(), "v": v_line}
+
+
+def ghia_errors(lines: dict[str, np.ndarray], re: int) -> dict[str, float]:
+    """Largest deviation from Ghia et al. on both centre lines (lid units)."""
+    yg, ug = _reference.ghia_u(re)
+    xg, vg = _reference.ghia_v(re)
+    eu = float(np.max(np.abs(np.interp(yg, lines["y"], lines["u"]) - ug)))
+    ev = float(np.max(np.abs(np.interp(xg, lines["x"], lines["v"]) - vg)))
+    return {
+        "ghia_u_max_error": eu,
+        "ghia_v_max_error": ev,
+        "ghia_max_error": max(eu, ev),
+    }
+
+
+def prepare(
+    case: str,
+    *,
+    n: int | None,
+    re: float | None,
+    storage: Any,
+    steps: int | None,
+    options: dict[str, Any],
+) -> CaseSetup:
+    """Validate and derive the cavity parameters (see the module docstring)."""
+    opts = _common.merge_options(case, options, _DEFAULTS)
+    lattice = opts.pop("lattice")
+    if lattice is None:
+        lattice = "D3Q19" if case == "cavity3d" else "D2Q9"
+    if not isinstance(lattice, str) or lattice.upper() not in _LATTICES:
+        raise ValueError(
+            f"Unknown cavity lattice {lattice!r}; expected one of {_LATTICES}."
+        )
+    lattice = lattice.upper()
+    if case == "cavity3d" and lattice == "D2Q9":
+        raise ValueError("cavity3d needs a 3-D lattice (D3Q19 or D3Q27), got D2Q9.")
+    default_n = 128 if lattice == "D2Q9" else 32
+    n = _params.check_positive_int(default_n if n is None else n, name="n", minimum=8)
+    re = 100.0 if re is None else re
+    u_ref = opts.pop("u_ref")
+    _params.check_velocity(u_ref, what="lid speed u_ref")
+    tau = _params.tau_from_re(re, u_ref=u_ref, length=n)
+    _params.check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
+    opts["check_every"] = _params.check_positive_int(
+        opts["check_every"], name="check_every", minimum=1
+    )
+    if opts["max_lid_times"] <= 0 or opts["tol"] < 0:
+        raise ValueError(
+            "max_lid_times must be positive and tol non-negative, got "
+            f"{opts['max_lid_times']} and {opts['tol']}."
+        )
+    steps_given = steps is not None
+    if steps is None:
+        steps = math.ceil(opts["max_lid_times"] * n / u_ref)
+    return CaseSetup(
+        case=case,
+        lattice=lattice,
+        storage=storage,
+        collision=opts.pop("collision"),
+        magic=opts.pop("magic"),
+        n=n,
+        re=re,
+        tau=tau,
+        u_ref=u_ref,
+        steps=steps,
+        steps_given=steps_given,
+        options=opts,
+        runner=_run,
+        figures=("velocity", "streamlines"),
+    )
+
+
+def _geometry(d: int, n: int, u_lid: float) -> tuple[np.ndarray, np.ndarray]:
+    from lbm_jax._boundaries import CellType
+
+    shape = (n + 2,) * d
+    cell_type = np.full(shape, int(CellType.SOLID), dtype=np.int8)
+    interior = (slice(1, -1),) * d
+    cell_type[interior] = int(CellType.FLUID)
+    lid = (slice(1, -1), -1) + (slice(1, -1),) * (d - 2)
+    cell_type[lid] = int(CellType.WALL)
+    wall_velocity = np.zeros((d, *shape))
+    wall_velocity[0][lid] = u_lid
+    return cell_type, wall_velocity
+
+
+def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+    from lbm_jax._simulation import Simulation
+
+    d = 2 if setup.lattice == "D2Q9" else 3
+    n, u_lid = setup.n, setup.u_ref
+    cell_type, wall_velocity = _geometry(d, n, u_lid)
+    sim = Simulation(
+        setup.lattice,
+        cell_type.shape,
+        tau=setup.tau,
+        storage=setup.storage,
+        collision=setup.collision,
+        magic=setup.magic,
+        cell_type=cell_type,
+        wall_velocity=wall_velocity,
+    )
+    interior = (slice(None),) + (slice(1, -1),) * d
+    state = sim.init()
+    every = setup.options["check_every"]
+    history: dict[str, Any] = {"prev": None, "residual": math.inf}
+
+    def on_sample(state: Any, t: int) -> bool:
+        u = np.asarray(sim.fields(state)[1][interior], dtype=np.float64)
+        prev = history["prev"]
+        if prev is not None:
+            change = np.linalg.norm(u - prev) / max(np.linalg.norm(u), 1e-300)
+            history["residual"] = float(change / every)
+        history["prev"] = u
+        return not setup.steps_given and history["residual"] < setup.options["tol"]
+
+    state, stats = _common.drive(
+        sim,
+        state,
+        setup.steps,
+        every=every,
+        on_sample=on_sample,
+        progress=progress,
+        desc=setup.case,
+    )
+    rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
+    rho, u = rho[interior[1:]], u[interior]
+    lines = centre_lines(u, u_lid)
+    metrics: dict[str, Any] = {
+        "steps": stats["steps"],
+        "mlups": stats["mlups"],
+        "u_min_centre": float(lines["u"].min()),
+        "v_min_centre": float(lines["v"].min()),
+        "v_max_centre": float(lines["v"].max()),
+        "residual": history["residual"],
+        "converged": history["residual"] < setup.options["tol"],
+        "mass_drift": float(rho.mean() - 1.0),
+    }
+    if d == 2 and setup.re in _reference.GHIA_REYNOLDS:
+        metrics.update(ghia_errors(lines, int(setup.re)))
+    extras = {f"line_{k}": v for k, v in lines.items()}
+    return metrics, {"rho": rho, "u": u}, extras
