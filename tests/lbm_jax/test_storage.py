@@ -1,0 +1,90 @@
+"""Storage policies: names, dtypes, x64 guard, encode/decode through mpjax.formats."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lbm_jax import StoragePolicy, get_storage, list_storages
+
+TABLE = {
+    "FP64/FP64": ("fp64", "float64", 8),
+    "FP32/FP32": ("fp32", "float32", 4),
+    "FP32/FP16": ("fp16", "float32", 2),
+    "FP32/FP16S": ("fp16s", "float32", 2),
+    "FP32/FP16C": ("fp16c", "float32", 2),
+    "FP32/posit16": ("posit16", "float32", 2),
+    "FP32/posit16_es2": ("posit16_es2", "float32", 2),
+    "FP32/bfloat16": ("bf16", "float32", 2),
+}
+SIXTEEN_BIT = [name for name, (_, _, nbytes) in TABLE.items() if nbytes == 2]
+
+
+def test_list_storages_is_the_paper_table():
+    assert list_storages() == tuple(TABLE)
+
+
+@pytest.mark.parametrize("name", list(TABLE))
+def test_get_storage_canonical_and_short_names(name):
+    short, compute, nbytes = TABLE[name]
+    pol = get_storage(name)
+    assert isinstance(pol, StoragePolicy)
+    assert pol.name == name and pol.short_name == short
+    assert pol.compute_dtype == np.dtype(compute)
+    assert pol.bytes_per_value == nbytes
+    assert pol.shift is True
+    assert get_storage(short) == pol
+    assert get_storage(name.upper()) == pol
+
+
+def test_get_storage_shift_switch():
+    pol = get_storage("fp16s", shift=False)
+    assert pol.shift is False and "unshifted" in str(pol)
+    assert get_storage(pol, shift=True).shift is True
+    with pytest.raises(TypeError, match="shift must be a bool"):
+        get_storage("fp16s", shift=1)
+
+
+def test_get_storage_rejects_unknown_names():
+    with pytest.raises(ValueError, match=r"'fp8'.*FP32/FP16S.*fp16c"):
+        get_storage("fp8")
+    with pytest.raises(TypeError, match="str or StoragePolicy"):
+        get_storage(16)
+
+
+def test_fp64_needs_x64():
+    with pytest.raises(ValueError, match="64-bit types are disabled"):
+        get_storage("fp64").check_enabled()
+
+
+def test_fp64_enabled_with_x64(x64):
+    pol = get_storage("fp64")
+    pol.check_enabled()
+    x = jnp.asarray([0.1, -0.2], jnp.float64)
+    assert pol.decode(pol.encode(x)).dtype == jnp.float64
+    np.testing.assert_array_equal(pol.decode(pol.encode(x)), x)
+
+
+@pytest.mark.parametrize("name", SIXTEEN_BIT)
+def test_sixteen_bit_round_trip_within_format_precision(name):
+    pol = get_storage(name)
+    # DDF-shifted populations of a flow live in about [-0.05, 0.05]
+    rng = np.random.default_rng(0)
+    mag = rng.uniform(1e-3, 0.05, 4096) * rng.choice([-1.0, 1.0], 4096)
+    x = jnp.asarray(mag, jnp.float32)
+    stored = jax.jit(pol.encode)(x)
+    assert stored.dtype == pol.storage_dtype and stored.shape == x.shape
+    back = jax.jit(pol.decode)(stored)
+    assert back.dtype == jnp.float32
+    rel = np.abs(np.asarray(back) - np.asarray(x)) / np.abs(np.asarray(x))
+    # bfloat16 keeps 8 significant bits, posits at least 9 here, 16-bit IEEE-like
+    # formats 11: round-to-nearest errs by half a unit in the last place at most
+    bound = 2.0**-11 if name in ("FP32/FP16", "FP32/FP16S", "FP32/FP16C") else 2.0**-8
+    assert rel.max() <= bound
+    assert rel.max() > 0
+
+
+def test_fp32_storage_is_exact():
+    pol = get_storage("fp32")
+    x = jnp.asarray(np.random.default_rng(1).normal(size=64), jnp.float32)
+    np.testing.assert_array_equal(pol.decode(pol.encode(x)), x)
