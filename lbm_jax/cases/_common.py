@@ -200,13 +200,6 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def instability_error() -> type[Exception]:
-    """The core's instability exception type (``RuntimeError`` if it has none)."""
-    import lbm_jax
-
-    return getattr(lbm_jax, "InstabilityError", RuntimeError)
-
-
 def drive(
     sim: Any,
     state: Any,
@@ -237,9 +230,11 @@ def drive(
     import jax
     from tqdm.auto import tqdm
 
-    error = instability_error()
+    from lbm_jax._run import InstabilityError
+
     bar = tqdm(total=steps, desc=desc or "steps", disable=not progress, leave=False)
     t = 0
+    last_good = 0
     seconds = 0.0
     timed_steps = 0
     try:
@@ -256,11 +251,8 @@ def drive(
             t += k
             bar.update(k)
             if not bool(sim.healthy(state)):
-                raise error(
-                    f"Simulation became unstable (non-finite or non-positive "
-                    f"density) by step {t}; lower the velocity, raise the resolution "
-                    "or tau, or use a more accurate storage format."
-                )
+                raise InstabilityError(t, last_good, state)
+            last_good = t
             if t % every == 0 and on_sample is not None and on_sample(state, t):
                 break
     finally:
