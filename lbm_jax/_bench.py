@@ -22,7 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["bench", "bench_all", "measure_bandwidth", "stream_bandwidths"]
+__all__ = [
+    "FULL_PROBLEMS",
+    "bench",
+    "bench_all",
+    "format_table",
+    "measure_bandwidth",
+    "stream_bandwidths",
+]
 
 
 def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
@@ -73,3 +80,163 @@ def measure_bandwidth(*, size_mib: int = 128, repeats: int = 5) -> float:
     """
     bw = stream_bandwidths(size_mib=size_mib, repeats=repeats)
     return max(bw.values())
+
+
+def _default_steps(cells: int) -> int:
+    """About 2e7 cell updates per timed repeat (at least 4 steps)."""
+    return max(4, round(2e7 / cells))
+
+
+def bench(
+    lattice: str = "D3Q19",
+    n: int = 128,
+    storage: str = "fp32",
+    *,
+    steps: int | None = None,
+    repeats: int = 5,
+    shift: bool = True,
+    collision: str = "bgk",
+    bandwidth: float | None = None,
+) -> dict[str, Any]:
+    """Measure MLUPs of the compiled step on a periodic ``n^D`` box.
+
+    The simulation is built and compiled first (one untimed run of ``steps``
+    steps), then ``repeats`` runs of ``steps`` steps are timed with
+    ``block_until_ready``; the median gives the throughput. The memory bandwidth
+    is measured in the same process (unless given) to put the figure against the
+    roofline ``bandwidth / bytes_per_cell``.
+
+    Args:
+        lattice: ``"D2Q9"``, ``"D3Q19"`` or ``"D3Q27"``.
+        n: Cells per side.
+        storage: Storage policy name.
+        steps: Steps per timed run; default about 2e7 cell updates.
+        repeats: Timed runs (>= 1).
+        shift: DDF-shifting.
+        collision: ``"bgk"`` or ``"trt"``.
+        bandwidth: Memory bandwidth in GB/s to use for the roofline; measured with
+            :func:`measure_bandwidth` when ``None``.
+
+    Returns:
+        A JSON-ready dict: ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
+        ``collision``, ``steps``, ``repeats``, ``seconds`` (median per run),
+        ``mlups``, ``bytes_per_cell`` (populations loaded and stored per cell and
+        step), ``bandwidth_gbs``, ``roofline_mlups``, ``roofline_fraction``,
+        ``backend``, ``devices``.
+
+    Raises:
+        ValueError: For an unknown lattice/storage, ``n < 4`` or ``repeats < 1``
+            (before anything is compiled).
+    """
+    from lbm_jax._lattice import get_lattice
+    from lbm_jax._simulation import Simulation
+    from lbm_jax._storage import get_storage
+
+    lat = get_lattice(lattice)
+    policy = get_storage(storage, shift=shift)
+    policy.check_enabled()
+    for name, value, minimum in (("n", n, 4), ("repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    cells = n**lat.d
+    if steps is None:
+        steps = _default_steps(cells)
+    elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}.")
+    if bandwidth is None:
+        bandwidth = measure_bandwidth()
+    sim = Simulation(lat, (n,) * lat.d, tau=0.6, storage=policy, collision=collision)
+    state = sim.init()
+    holder = [jax.block_until_ready(sim.advance(state, steps))]  # compile + warm-up
+
+    def timed() -> Any:
+        holder[0] = sim.advance(holder[0], steps)
+        return holder[0]
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(timed())
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    mlups = cells * steps / seconds / 1e6
+    bytes_per_cell = 2 * lat.q * policy.bytes_per_value
+    roofline = bandwidth * 1e9 / bytes_per_cell / 1e6
+    return {
+        "lattice": lat.name,
+        "n": n,
+        "cells": cells,
+        "storage": policy.name,
+        "shift": policy.shift,
+        "collision": collision,
+        "steps": steps,
+        "repeats": repeats,
+        "seconds": seconds,
+        "mlups": mlups,
+        "bytes_per_cell": bytes_per_cell,
+        "bandwidth_gbs": bandwidth,
+        "roofline_mlups": roofline,
+        "roofline_fraction": mlups / roofline,
+        "backend": jax.default_backend(),
+        "devices": jax.device_count(),
+    }
+
+
+#: Problems of the full benchmark: (lattice, n).
+FULL_PROBLEMS = (("D2Q9", 1024), ("D3Q19", 128))
+
+
+def bench_all(
+    *,
+    problems: tuple[tuple[str, int], ...] = FULL_PROBLEMS,
+    storages: tuple[str, ...] | None = None,
+    steps: int | None = None,
+    repeats: int = 5,
+) -> dict[str, Any]:
+    """:func:`bench` for every storage policy on each problem, one bandwidth figure.
+
+    The bandwidth is measured once before and once after the runs; the larger
+    value is used for every roofline, and both are reported.
+
+    Returns:
+        ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
+        "results": [bench dicts]}``.
+    """
+    from lbm_jax._storage import list_storages
+
+    names = list_storages() if storages is None else tuple(storages)
+    x64 = bool(jax.config.read("jax_enable_x64"))
+    names = tuple(s for s in names if x64 or not s.upper().startswith("FP64"))
+    before = measure_bandwidth()
+    results = [
+        bench(lat, n, s, steps=steps, repeats=repeats, bandwidth=before)
+        for lat, n in problems
+        for s in names
+    ]
+    after = measure_bandwidth()
+    bandwidth = max(before, after)
+    for r in results:
+        r["bandwidth_gbs"] = bandwidth
+        r["roofline_mlups"] = bandwidth * 1e9 / r["bytes_per_cell"] / 1e6
+        r["roofline_fraction"] = r["mlups"] / r["roofline_mlups"]
+    return {
+        "bandwidth_gbs": bandwidth,
+        "bandwidth_before": before,
+        "bandwidth_after": after,
+        "results": results,
+    }
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """Markdown table of benchmark results."""
+    lines = [
+        "| lattice | n | storage | MLUPs | B/cell | GB/s | roofline MLUPs | fraction |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['lattice']} | {r['n']} | {r['storage']} | {r['mlups']:.1f} | "
+            f"{r['bytes_per_cell']} | {r['bandwidth_gbs']:.1f} | "
+            f"{r['roofline_mlups']:.1f} | {r['roofline_fraction']:.2f} |"
+        )
+    return "\n".join(lines)
