@@ -98,10 +98,13 @@ def _needs_x64(storage: str) -> bool:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import jax
 
+    with jax.enable_x64(_needs_x64(args.storage)):
+        return _run_case(args, parser)
+
+
+def _run_case(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lbm_jax.cases import prepare_case, run_case
 
-    if _needs_x64(args.storage):
-        jax.config.update("jax_enable_x64", True)
     options = {
         key: value
         for key, value in (
@@ -167,19 +170,19 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (ValueError, TypeError) as err:
         parser.error(str(err))
     if args.all:
-        report = _bench.bench_all(steps=args.steps, repeats=args.repeats)
+        with jax.enable_x64(True):  # include FP64/FP64
+            report = _bench.bench_all(steps=args.steps, repeats=args.repeats)
         results = report["results"]
     else:
-        if _needs_x64(args.storage):
-            jax.config.update("jax_enable_x64", True)
-        result = _bench.bench(
-            args.lattice,
-            args.n,
-            args.storage,
-            steps=args.steps,
-            repeats=args.repeats,
-            collision=args.collision,
-        )
+        with jax.enable_x64(_needs_x64(args.storage)):
+            result = _bench.bench(
+                args.lattice,
+                args.n,
+                args.storage,
+                steps=args.steps,
+                repeats=args.repeats,
+                collision=args.collision,
+            )
         report = {"bandwidth_gbs": result["bandwidth_gbs"], "results": [result]}
         results = [result]
     print(_bench.format_table(results))
