@@ -88,6 +88,19 @@ def _is_float_array(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _is_differentiable(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+
+
+def _zero_grad(x: Any) -> Any:
+    """Gradient placeholder of a non-floating parameter leaf: zeros of its dtype
+    (integers, booleans), or float0 zeros for anything else (e.g. PRNG keys)."""
+    dtype = jnp.result_type(x)
+    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        return jnp.zeros_like(x)
+    return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
+
+
 def _wide(dtype: Any) -> np.dtype:
     """float32, or the dtype itself when it is wider (float64)."""
     dtype = np.dtype(dtype)
@@ -498,7 +511,10 @@ def scaled_value_and_grad(
     ``loss_scale`` in float32 before differentiating and returns ``(loss,
     scaled_grads)`` (``((loss, aux), scaled_grads)`` with ``has_aux``), where
     ``loss`` is the unscaled loss in its own dtype. Feed the gradients to a loss
-    scaler's ``update``, which unscales them.
+    scaler's ``update``, which unscales them. Only floating-point leaves of
+    ``params`` are differentiated; integer and boolean leaves (counters, masks)
+    get zero gradients of their own dtype, to be left alone by the optimizer (e.g.
+    ``optax.multi_transform`` with ``optax.set_to_zero()`` for them).
 
     Args:
       loss_fn: a function of ``(params, *args)`` returning a floating scalar (or
@@ -519,8 +535,16 @@ def scaled_value_and_grad(
             "function loss_fn(params, *args) -> scalar."
         )
 
-    def scaled_loss(params: Any, loss_scale: Any, *args: Any) -> tuple[Any, Any]:
-        out = loss_fn(params, *args)
+    def scaled_loss(
+        float_leaves: list[Any],
+        leaves: list[Any],
+        treedef: Any,
+        loss_scale: Any,
+        *args: Any,
+    ) -> tuple[Any, Any]:
+        it = iter(float_leaves)
+        merged = [next(it) if _is_differentiable(x) else x for x in leaves]
+        out = loss_fn(jax.tree.unflatten(treedef, merged), *args)
         loss, aux = out if has_aux else (out, None)
         if not _is_float_array(loss) or jnp.ndim(loss) != 0:
             raise TypeError(
@@ -538,7 +562,13 @@ def scaled_value_and_grad(
     def value_and_scaled_grad(
         params: Any, loss_scale: Any, *args: Any
     ) -> tuple[Any, Any]:
-        grads, (loss, aux) = grad_fn(params, loss_scale, *args)
-        return ((loss, aux) if has_aux else loss), grads
+        leaves, treedef = jax.tree.flatten(params)
+        float_leaves = [x for x in leaves if _is_differentiable(x)]
+        float_grads, (loss, aux) = grad_fn(
+            float_leaves, leaves, treedef, loss_scale, *args
+        )
+        it = iter(float_grads)
+        grads = [next(it) if _is_differentiable(x) else _zero_grad(x) for x in leaves]
+        return ((loss, aux) if has_aux else loss), jax.tree.unflatten(treedef, grads)
 
     return value_and_scaled_grad

@@ -455,3 +455,16 @@ def test_bad_arguments_raise_type_or_value_error():
         mpjax.static_loss_scaling(optax.sgd(0.1), jnp.float32(2.0))
     with pytest.raises(TypeError, match="optax.GradientTransformation"):
         mpjax.dynamic_loss_scaling(lambda g: g)
+
+
+def test_scaled_value_and_grad_leaves_integer_params_alone():
+    def loss_fn(p, x):
+        return jnp.sum(p["w"] * x) * p["n"].astype(jnp.float32)
+
+    params = {"w": jnp.array([1.0, 2.0]), "n": jnp.int32(3), "on": jnp.array(True)}
+    f = jax.jit(mpjax.scaled_value_and_grad(loss_fn))
+    loss, grads = f(params, jnp.float32(4.0), jnp.array([1.0, -1.0]))
+    assert float(loss) == -3.0
+    np.testing.assert_array_equal(grads["w"], [12.0, -12.0])
+    assert grads["n"].dtype == jnp.int32 and int(grads["n"]) == 0
+    assert grads["on"].dtype == jnp.bool_ and not bool(grads["on"])
