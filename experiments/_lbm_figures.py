@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from experiments._report import new_figure, save_figure
+from lbm_jax.cases.cavity import centre_lines
 
 __all__ = [
     "cavity_figure",
-    "centrelines",
     "cylinder_figure",
     "error_figure",
     "ghia",
@@ -43,19 +43,6 @@ def metric(record: dict[str, Any], key: str) -> float:
     return math.nan if value is None else float(value)
 
 
-def centrelines(u: np.ndarray, u_lid: float) -> tuple[np.ndarray, ...]:
-    """Cavity centre lines from a ``(2, n, n)`` field over the fluid nodes.
-
-    Returns ``(y, u(x=1/2, y), x, v(x, y=1/2))`` normalised by the cavity side and
-    the lid speed; node ``i`` sits at ``(i + 1/2) / n`` (half-way bounce-back walls).
-    """
-    u = np.asarray(u, np.float64) / u_lid
-    nx, ny = u.shape[1:]
-    mid_x = 0.5 * (u[0, (nx - 1) // 2, :] + u[0, nx // 2, :])
-    mid_y = 0.5 * (u[1, :, (ny - 1) // 2] + u[1, :, ny // 2])
-    return (np.arange(ny) + 0.5) / ny, mid_x, (np.arange(nx) + 0.5) / nx, mid_y
-
-
 def ghia(component: str, re: int) -> tuple[np.ndarray, np.ndarray]:
     """Ghia et al. (1982) centre-line table shipped with ``lbm_jax.cases``."""
     path = resources.files("lbm_jax.cases").joinpath(
@@ -68,23 +55,28 @@ def ghia(component: str, re: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def error_figure(
-    studies: dict[str, list[dict[str, Any]]], metric: dict[str, str], out: Path
+    studies: dict[str, list[dict[str, Any]]], keys: dict[str, str], out: Path
 ) -> Path:
+    """Bar charts (log scale) of each study's reference error and error vs FP64."""
     fig, axes = new_figure(len(studies), 2, size=(6.8, 3.6))
     for row, (case, records) in enumerate(studies.items()):
         labels = [r["label"] for r in records]
         for col, (key, title) in enumerate(
-            ((metric[case], "vs reference"), ("err_vs_fp64", "vs FP64/FP64"))
+            ((keys[case], "vs reference"), ("err_vs_fp64", "vs FP64/FP64"))
         ):
             ax = axes[row, col]
             values = [metric(r, key) for r in records]
             colors = ["tab:gray" if not r["shift"] else "tab:blue" for r in records]
             finite = [v for v in values if math.isfinite(v) and v > 0]
             top = max(finite) * 10 if finite else 1.0
-            heights = [v if math.isfinite(v) and v > 0 else top for v in values]
+            # zero (the reference itself) or NaN: no bar; unstable: a hatched bar
+            heights = [
+                v if math.isfinite(v) and v > 0 else (top if v == math.inf else 0.0)
+                for v in values
+            ]
             bars = ax.bar(range(len(values)), heights, color=colors)
             for bar, v in zip(bars, values, strict=True):
-                if not math.isfinite(v):
+                if v == math.inf:
                     bar.set_hatch("//")
                     bar.set_color("tab:red")
             ax.set_yscale("log")
@@ -100,6 +92,7 @@ def error_figure(
 
 
 def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    """Poiseuille error against the analytic profile versus channel width."""
     fig, axes = new_figure(1, 1)
     ax = axes[0, 0]
     for label in dict.fromkeys(r["label"] for r in records):
@@ -117,6 +110,7 @@ def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
 
 
 def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    """Cavity centre-line profiles per storage policy against Ghia et al."""
     res = list(dict.fromkeys(int(r["re"]) for r in records))
     fig, axes = new_figure(len(res), 2, size=(5.0, 4.0))
     for row, re in enumerate(res):
@@ -124,9 +118,9 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
         for r in records:
             if int(r["re"]) != re or not r["stable"]:
                 continue
-            y, u, x, v = centrelines(r["fields"]["u"], r["summary"]["u_ref"])
-            ax_u.plot(u, y, label=r["label"], lw=1)
-            ax_v.plot(x, v, label=r["label"], lw=1)
+            lines = centre_lines(r["fields"]["u"], r["summary"]["u_ref"])
+            ax_u.plot(lines["u"], lines["y"], label=r["label"], lw=1)
+            ax_v.plot(lines["x"], lines["v"], label=r["label"], lw=1)
         gy, gu = ghia("u", re)
         gx, gv = ghia("v", re)
         ax_u.plot(gu, gy, "ko", ms=3, label="Ghia et al. 1982")
@@ -140,6 +134,7 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
 
 
 def cylinder_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    """Lift-coefficient signal and Strouhal number per storage policy."""
     fig, axes = new_figure(1, 2, size=(6.0, 4.0))
     ax_sig, ax_st = axes[0]
     for r in records:

@@ -39,6 +39,7 @@ import jax
 import numpy as np
 
 import lbm_jax
+import lbm_jax.cases
 from experiments import _framework
 from experiments._lbm_figures import (
     cavity_figure,
@@ -84,20 +85,21 @@ class Settings:
     cylinder_n: int | None
     cylinder_steps: int | None
     cylinder_runs: tuple[tuple[str, bool], ...]
+    cylinder_options: tuple[tuple[str, float], ...] = ()
     runs: tuple[tuple[str, bool], ...] = RUNS_ALL
 
 
 _SETTINGS = {
     "tiny": Settings(
         poiseuille_n=8,
-        poiseuille_steps=400,
-        widths=(6, 10),
-        width_runs=(("fp32", True), ("fp16s", True)),
+        poiseuille_steps=3000,
+        widths=(4, 8),
+        width_runs=(("fp32", True),),
         taylor_green_n=16,
-        taylor_green_steps=100,
+        taylor_green_steps=None,
         cavity_n=16,
         cavity_re=(100,),
-        cavity_steps=300,
+        cavity_steps=2000,
         cavity_runs=(("fp32", True), ("fp16s", True)),
         cylinder_n=None,
         cylinder_steps=None,
@@ -111,9 +113,9 @@ _SETTINGS = {
         width_runs=(("fp32", True), ("fp16", False), ("fp16s", True), ("fp16c", True)),
         taylor_green_n=32,
         taylor_green_steps=None,
-        cavity_n=48,
+        cavity_n=32,
         cavity_re=(100,),
-        cavity_steps=None,
+        cavity_steps=8000,
         cavity_runs=(
             ("fp64", True),
             ("fp32", True),
@@ -121,9 +123,11 @@ _SETTINGS = {
             ("fp16s", True),
             ("fp16c", True),
         ),
-        cylinder_n=None,
+        cylinder_n=10,
         cylinder_steps=None,
         cylinder_runs=(("fp32", True), ("fp16s", True), ("fp16c", True)),
+        # D = 10 cells needs u_ref = 0.1 to keep tau = 0.53 at Re 100 (stable).
+        cylinder_options=(("u_ref", 0.1),),
     ),
     "full": Settings(
         poiseuille_n=64,
@@ -361,6 +365,10 @@ def run(
     )
     widths = []
     for n in st.widths:
+        if n == st.poiseuille_n:  # already run above
+            labels = {_label(*r) for r in st.width_runs}
+            widths += [r for r in poiseuille if r["label"] in labels]
+            continue
         widths += _sweep(
             "poiseuille",
             st.width_runs,
@@ -394,6 +402,7 @@ def run(
             n=st.cylinder_n,
             steps=st.cylinder_steps,
             run_root=runs_dir / "cylinder",
+            **dict(st.cylinder_options),
         )
         if st.cylinder_runs
         else []
@@ -485,7 +494,9 @@ def _write_report(
         f"N = {st.taylor_green_n} for {len(st.runs)} storage variants; Poiseuille "
         f"widths {list(st.widths)}; cavity at Re {list(st.cavity_re)} with "
         f"N = {st.cavity_n} for {', '.join(_label(*r) for r in st.cavity_runs)}; "
-        f"confined cylinder (Schaefer-Turek 2D-2, Re 100) for {cyl}. Case "
+        "confined cylinder (Schaefer-Turek 2D-2, Re 100, diameter "
+        f"{st.cylinder_n or 'default'} cells, options "
+        f"{dict(st.cylinder_options) or 'default'}) for {cyl}. Case "
         "defaults (relaxation time, velocity, steps) come from "
         "`lbm_jax.cases.run_case`; see `results.json` for every parameter.",
         "",

@@ -47,28 +47,38 @@ class Settings:
     Attributes:
         grids: ``(lattice, n)`` pairs (cubic/square grids of side ``n``).
         storages: storage policy names (see :func:`lbm_jax.get_storage`).
-        steps: time steps per timed repeat (``None``: :func:`lbm_jax.bench` chooses).
+        updates: cell updates per timed repeat; the number of steps is
+            ``max(4, round(updates / cells))``.
         repeats: timed repeats per configuration (the median is reported).
+        bandwidth_mib: array size of the bandwidth measurement (MiB per array;
+            must exceed the caches for a meaningful roofline).
     """
 
     grids: tuple[tuple[str, int], ...]
     storages: tuple[str, ...]
-    steps: int | None
+    updates: float
     repeats: int
+    bandwidth_mib: int
+
+    def steps(self, lattice: str, n: int) -> int:
+        """Time steps per timed repeat on an ``n``-cell-per-side grid."""
+        return max(4, round(self.updates / n ** int(lattice[1])))
 
 
 _SETTINGS = {
     "tiny": Settings(
         grids=(("D2Q9", 32), ("D3Q19", 12)),
         storages=("fp32", "fp16s"),
-        steps=4,
+        updates=2e5,
         repeats=5,
+        bandwidth_mib=16,
     ),
     "quick": Settings(
         grids=(("D2Q9", 256), ("D3Q19", 32), ("D3Q19", 64)),
         storages=("fp64", "fp32", "fp16s", "fp16c"),
-        steps=None,
+        updates=3e6,
         repeats=5,
+        bandwidth_mib=128,
     ),
     "full": Settings(
         grids=(
@@ -88,8 +98,9 @@ _SETTINGS = {
             "posit16_es2",
             "bf16",
         ),
-        steps=None,
+        updates=4e9,  # about 0.2 s per repeat at FluidX3D's H200 speed
         repeats=7,
+        bandwidth_mib=1024,
     ),
 }
 
@@ -106,19 +117,20 @@ def _canonical(storage: str) -> str:
 
 
 def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
-    bandwidths = [float(lbm_jax.measure_bandwidth())]
+    bandwidths = [float(lbm_jax.measure_bandwidth(size_mib=settings.bandwidth_mib))]
     rows = []
     configs = [(lat, n, s) for lat, n in settings.grids for s in settings.storages]
     for lattice, n, storage in progress(configs, desc="lbm_performance"):
+        kwargs = {
+            "steps": settings.steps(lattice, n),
+            "repeats": settings.repeats,
+            "bandwidth": bandwidths[0],
+        }
         if storage == "fp64":
             with jax.enable_x64(True):
-                out = lbm_jax.bench(
-                    lattice, n, storage, steps=settings.steps, repeats=settings.repeats
-                )
+                out = lbm_jax.bench(lattice, n, storage, **kwargs)
         else:
-            out = lbm_jax.bench(
-                lattice, n, storage, steps=settings.steps, repeats=settings.repeats
-            )
+            out = lbm_jax.bench(lattice, n, storage, **kwargs)
         rows.append(
             {
                 **{k: v for k, v in out.items() if _is_scalar(v)},
@@ -129,7 +141,7 @@ def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
                 "bytes_per_cell": float(out["bytes_per_cell"]),
             }
         )
-    bandwidths.append(float(lbm_jax.measure_bandwidth()))
+    bandwidths.append(float(lbm_jax.measure_bandwidth(size_mib=settings.bandwidth_mib)))
     return rows, bandwidths
 
 

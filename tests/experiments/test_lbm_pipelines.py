@@ -1,41 +1,29 @@
 """The LBM pipelines at the hidden "tiny" scale: artefacts, sanity checks, analysis.
 
-Each pipeline runs once per module (through the framework, as the CLI does) under
-strict dtype promotion; the tests then inspect what it wrote.
+Each pipeline runs once, by executing its notebook (which calls the framework as the
+command line does) under strict dtype promotion; the tests inspect what it wrote.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
-import jax
 import numpy as np
 import pytest
 
 import lbm_jax
-from experiments import _framework, _lbm_figures, lbm_accuracy, lbm_performance
-
-
-def _run_tiny(name, run, out_root):
-    registry = {name: functools.partial(run, scale="tiny")}
-    with jax.numpy_dtype_promotion("strict"), jax.numpy_rank_promotion("raise"):
-        return _framework.run_pipeline(
-            name, out_root=out_root, pipelines=registry, catch=False
-        )
+from experiments import _lbm_figures, lbm_accuracy, lbm_performance
 
 
 @pytest.fixture(scope="module")
-def accuracy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lbm_accuracy")
-    return _run_tiny("lbm_accuracy", lbm_accuracy.run, root)
+def accuracy(notebook_run):
+    return notebook_run("lbm_accuracy")
 
 
 @pytest.fixture(scope="module")
-def performance(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lbm_performance")
-    return _run_tiny("lbm_performance", lbm_performance.run, root)
+def performance(notebook_run):
+    return notebook_run("lbm_performance")
 
 
 def test_lbm_accuracy_tiny_artefacts_and_checks(accuracy):
@@ -97,19 +85,6 @@ def test_lbm_accuracy_checks_detect_wrong_ordering():
     unstable = [*good[:2], {**rec("fp16s", True, math.inf), "stable": False}]
     checks = lbm_accuracy._checks(unstable, good, [], [], settings)
     assert checks["poiseuille_shifted_16bit_finite"] is False
-
-
-def test_centrelines_of_a_synthetic_field():
-    n = 6
-    x = (np.arange(n) + 0.5) / n
-    u = np.stack(
-        [np.broadcast_to(x[None, :], (n, n)), np.broadcast_to(-x[:, None], (n, n))]
-    )
-    y, u_mid, xs, v_mid = _lbm_figures.centrelines(2.0 * u, 2.0)
-    np.testing.assert_allclose(y, x)
-    np.testing.assert_allclose(u_mid, x)  # u depends on y only
-    np.testing.assert_allclose(v_mid, -x)  # v depends on x only
-    np.testing.assert_allclose(xs, x)
 
 
 def test_ghia_table_is_read_by_column():
