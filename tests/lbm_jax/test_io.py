@@ -1,0 +1,125 @@
+"""Checkpoints (bit-identical continuation) and VTK image data export."""
+
+from __future__ import annotations
+
+import base64
+import xml.etree.ElementTree as ET
+
+import jax
+import numpy as np
+import pytest
+
+from lbm_jax._io import load_state, save_state, write_vti
+from lbm_jax._simulation import Simulation
+
+
+@pytest.fixture(scope="module", params=["fp32", "fp16c"])
+def sim(request):
+    # A small sheared periodic box; fp16c stores uint16 codes.
+    return Simulation("D2Q9", (24, 16), tau=0.7, storage=request.param)
+
+
+def _initial(sim):
+    y = np.arange(16)[None, :] * np.ones((24, 1))
+    u = np.stack([0.05 * np.sin(2 * np.pi * y / 16), np.zeros((24, 16))])
+    return sim.init(1.0, u)
+
+
+def test_checkpoint_continuation_is_bit_identical(sim, tmp_path):
+    straight = sim.advance(_initial(sim), 40)
+    half = sim.advance(_initial(sim), 20)
+    save_state(tmp_path / "ckpt.npz", half, metadata={"step": 20, "case": "shear"})
+    loaded, meta = load_state(tmp_path / "ckpt.npz", like=_initial(sim))
+    assert meta == {"step": 20, "case": "shear"}
+    assert int(loaded.t) == 20
+    assert loaded.f.dtype == sim.storage.storage_dtype
+    resumed = sim.advance(loaded, 20)
+    assert int(resumed.t) == int(straight.t) == 40
+    np.testing.assert_array_equal(
+        np.asarray(resumed.f).view(np.uint8), np.asarray(straight.f).view(np.uint8)
+    )
+
+
+def test_load_without_template_returns_named_arrays(tmp_path):
+    tree = {"a": np.arange(4, dtype=np.int32), "b": np.float16([1.5, -2.0])}
+    save_state(tmp_path / "s.npz", tree)
+    out, meta = load_state(tmp_path / "s.npz")
+    assert meta == {}
+    np.testing.assert_array_equal(out["['a']"], tree["a"])
+    assert out["['b']"].dtype == np.float16
+
+
+def test_bfloat16_leaves_round_trip_exactly(tmp_path):
+    import ml_dtypes
+
+    x = np.array([1.0, -3.5, 1e-20, np.inf], dtype=ml_dtypes.bfloat16)
+    save_state(tmp_path / "b.npz", (x,))
+    (y,), _ = load_state(tmp_path / "b.npz", like=(x,))
+    assert y.dtype == x.dtype
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint16), x.view(np.uint16))
+
+
+def test_load_rejects_mismatched_template(tmp_path):
+    save_state(tmp_path / "s.npz", {"f": np.zeros((3, 4), np.float32)})
+    with pytest.raises(ValueError, match="shape"):
+        load_state(tmp_path / "s.npz", like={"f": np.zeros((3, 5), np.float32)})
+    with pytest.raises(ValueError, match="pytree"):
+        load_state(tmp_path / "s.npz", like=(np.zeros((3, 4), np.float32),))
+    with pytest.raises(FileNotFoundError):
+        load_state(tmp_path / "missing.npz")
+
+
+def test_save_rejects_non_json_metadata(tmp_path):
+    with pytest.raises(TypeError, match="JSON"):
+        save_state(tmp_path / "s.npz", {"f": np.zeros(2)}, metadata={"x": object()})
+
+
+def _read_array(elem) -> np.ndarray:
+    raw = base64.b64decode(elem.text.strip())
+    nbytes = int(np.frombuffer(raw[:8], "<u8")[0])
+    dtype = {"Float32": "<f4", "Float64": "<f8", "UInt8": "u1"}[elem.get("type")]
+    data = np.frombuffer(raw[8 : 8 + nbytes], dtype)
+    assert data.nbytes == nbytes
+    return data
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 3, 2)])
+def test_vti_parses_with_extents_and_arrays(tmp_path, shape):
+    rng = np.random.default_rng(0)
+    rho = rng.random(shape).astype(np.float32)
+    u = rng.random((len(shape), *shape))
+    path = write_vti(tmp_path / "flow", {"rho": rho, "u": u, "solid": rho > 0.5})
+    assert path.suffix == ".vti"
+    root = ET.parse(path).getroot()
+    assert root.get("type") == "ImageData"
+    image = root.find("ImageData")
+    dims = list(shape) + [1] * (3 - len(shape))
+    extent = " ".join(f"0 {d - 1}" for d in dims)
+    assert image.get("WholeExtent") == extent
+    assert image.find("Piece").get("Extent") == extent
+    arrays = {a.get("Name"): a for a in image.iter("DataArray")}
+    assert set(arrays) == {"rho", "u", "solid"}
+    assert arrays["u"].get("NumberOfComponents") == "3"
+    # point order: x fastest
+    got_rho = _read_array(arrays["rho"]).reshape(dims[::-1]).transpose()
+    np.testing.assert_array_equal(got_rho.reshape(shape), rho)
+    got_u = _read_array(arrays["u"]).reshape(*dims[::-1], 3)
+    for k in range(len(shape)):
+        np.testing.assert_array_equal(got_u[..., k].transpose().reshape(shape), u[k])
+    if len(shape) == 2:
+        assert np.all(got_u[..., 2] == 0)
+    assert _read_array(arrays["solid"]).sum() == int((rho > 0.5).sum())
+
+
+def test_vti_rejects_mismatched_fields(tmp_path):
+    with pytest.raises(ValueError, match="grid"):
+        write_vti(
+            tmp_path / "x.vti", {"rho": np.zeros((4, 4)), "u": np.zeros((2, 5, 4))}
+        )
+    with pytest.raises(ValueError, match="at least one"):
+        write_vti(tmp_path / "x.vti", {})
+
+
+def test_vti_writes_device_arrays(tmp_path):
+    path = write_vti(tmp_path / "d.vti", {"rho": jax.numpy.ones((3, 3))})
+    assert ET.parse(path).getroot().find("ImageData") is not None
