@@ -25,9 +25,7 @@ def test_taylor_green_decay_rate_within_one_percent_at_64():
 def test_taylor_green_second_order_convergence():
     # Diffusive scaling: fixed tau and Re, u_ref ~ 1/n, steps ~ n^2.
     errors = [
-        run_case("taylor_green", n=n, re=12.8, u_ref=0.08 * 16 / n).summary[
-            "l2_error"
-        ]
+        run_case("taylor_green", n=n, re=12.8, u_ref=0.08 * 16 / n).summary["l2_error"]
         for n in (16, 32, 64)
     ]
     ratios = [errors[0] / errors[1], errors[1] / errors[2]]
