@@ -1,0 +1,528 @@
+"""Mixed-precision train-step benchmark: loss-scaling overhead and the jmp pattern.
+
+Model: an MLP of three dense 1024x1024 layers (input 1024 features, two tanh hidden
+layers of width 1024, a linear 1024-wide output; 3.1 M parameters) trained on a
+fixed regression batch of 256 with Adam (MSE loss). Variants, all timed in one run,
+round-robin, as the median of several repeats after a warm-up (compile) call, each
+repeat running a few steps and ending in ``block_until_ready``:
+
+* ``float32``: float32 policy, plain Adam;
+* ``bf16``: ``mixed_bfloat16`` policy, no loss scaling;
+* ``bf16+dynamic``: ``mixed_bfloat16`` with :func:`mpjax.dynamic_loss_scaling`;
+* ``f16+dynamic``: ``mixed_float16`` with :func:`mpjax.dynamic_loss_scaling`;
+* ``jmp pattern``: bfloat16 compute with the jmp README recipe
+  (``jmp.DynamicLossScale`` with a float32 scale, ``all_finite`` and
+  ``select_tree`` over params and optimizer state).
+
+Every step function is jitted with the state donated. Targets (issue #3): dynamic
+scaling costs <= 5 % over the same policy without scaling, and is >= 1.4x faster
+than the jmp pattern. The ratios are also computed pairwise per round (median of
+ratios), which is robust against load changes on a shared machine. XLA's compiled
+memory analysis is reported per variant, and the dtypes of every matrix product are
+read from the traced program (on CPU, XLA upcasts 16-bit products to float32, so
+16-bit compute costs time there and the speed-ups are GPU facts).
+
+Run ``python -m experiments.mixed_precision_bench [--json FILE] [--full]`` or
+through the framework, ``python -m experiments mixed_precision_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import mpjax
+from experiments import _framework
+from experiments._report import markdown_table, new_figure, save_figure
+
+__all__ = ["Settings", "VARIANTS", "main", "measure", "run", "settings_for"]
+
+VARIANTS: tuple[str, ...] = (
+    "float32",
+    "bf16",
+    "bf16+dynamic",
+    "f16+dynamic",
+    "jmp pattern",
+)
+OVERHEAD_TARGET = 1.05  # dynamic scaling vs the same policy without scaling
+JMP_SPEEDUP_TARGET = 1.4  # jmp pattern time / bf16+dynamic time
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one scale of the benchmark measures.
+
+    Attributes:
+        width: hidden width (and input/output width) of the MLP.
+        layers: number of dense ``width x width`` layers.
+        batch: batch size.
+        repeats: timed repeats per variant (the median is reported).
+        steps_per_repeat: train steps per timed repeat.
+        timing_checks: whether the speed targets are checked (not at ``tiny``).
+    """
+
+    width: int
+    layers: int
+    batch: int
+    repeats: int
+    steps_per_repeat: int
+    timing_checks: bool
+
+
+_SETTINGS = {
+    "tiny": Settings(
+        width=64, layers=3, batch=16, repeats=5, steps_per_repeat=1, timing_checks=False
+    ),
+    "quick": Settings(
+        width=1024,
+        layers=3,
+        batch=256,
+        repeats=7,
+        steps_per_repeat=2,
+        timing_checks=True,
+    ),
+    "full": Settings(
+        width=1024,
+        layers=3,
+        batch=256,
+        repeats=21,
+        steps_per_repeat=10,
+        timing_checks=True,
+    ),
+}
+
+
+def settings_for(scale: str) -> Settings:
+    """Returns the settings of ``scale`` (``"tiny"``, ``"quick"`` or ``"full"``)."""
+    if scale not in _SETTINGS:
+        raise ValueError(
+            f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}. Pass quick=True "
+            "or quick=False, or set MPJAX_EXPERIMENTS_SCALE to a known scale."
+        )
+    return _SETTINGS[scale]
+
+
+# ------------------------------------------------------------------------- model
+
+
+def _init(key: jax.Array, s: Settings) -> dict[str, Any]:
+    keys = jax.random.split(key, s.layers)
+    return {
+        f"layer{i}": {
+            "w": jax.random.normal(k, (s.width, s.width)) / np.sqrt(s.width),
+            "b": jnp.zeros((s.width,)),
+        }
+        for i, k in enumerate(keys)
+    }
+
+
+def _loss(params: dict[str, Any], batch: dict[str, jax.Array]) -> jax.Array:
+    h = batch["x"]
+    n = len(params)
+    for i in range(n):
+        layer = params[f"layer{i}"]
+        h = h @ layer["w"] + layer["b"][None, :]
+        if i < n - 1:
+            h = jnp.tanh(h)
+    return jnp.mean(jnp.square(h - batch["y"]))
+
+
+def _data(key: jax.Array, s: Settings) -> dict[str, jax.Array]:
+    kx, ky = jax.random.split(key)
+    return {
+        "x": jax.random.normal(kx, (s.batch, s.width)),
+        "y": 0.5 * jax.random.normal(ky, (s.batch, s.width)),
+    }
+
+
+# ---------------------------------------------------------------------- variants
+
+
+@dataclasses.dataclass
+class _Variant:
+    name: str
+    step: Callable[[Any, Any], tuple[Any, Any]]  # (state, batch) -> (state, loss)
+    state: Any
+    compute_dtype: np.dtype
+
+
+def _mpjax_variant(name: str, policy: str, dynamic: bool, params: Any) -> _Variant:
+    adam = optax.adam(1e-3)
+    opt = mpjax.dynamic_loss_scaling(adam) if dynamic else adam
+    train_step = mpjax.make_train_step(_loss, opt, policy)
+
+    def step(state: Any, batch: Any) -> tuple[Any, Any]:
+        state, metrics = train_step(state, batch)
+        return state, metrics["loss"]
+
+    return _Variant(
+        name,
+        step,
+        mpjax.TrainState.create(params, opt),
+        mpjax.get_policy(policy).compute_dtype,
+    )
+
+
+def _jmp_variant(params: Any) -> _Variant:
+    import jmp  # optional dependency, only for this comparison
+
+    policy = jmp.get_policy("p=f32,c=bf16,o=f32")
+    opt = optax.adam(1e-3)
+
+    def scaled_loss(params: Any, loss_scale: Any, batch: Any) -> jax.Array:
+        params, batch = policy.cast_to_compute((params, batch))
+        loss = policy.cast_to_output(_loss(params, batch))
+        return loss_scale.scale(loss), loss
+
+    def step(state: Any, batch: Any) -> tuple[Any, Any]:
+        params, opt_state, (scale, counter) = state
+        # jmp's loss scales cannot be passed through jax.jit(...).lower() (their
+        # __post_init__ chokes on abstract arguments), so the state carries the
+        # scale's arrays and the step rebuilds the DynamicLossScale: the traced
+        # program is the same as with the object as an argument.
+        loss_scale = jmp.DynamicLossScale(scale, counter)
+        grads, loss = jax.grad(scaled_loss, has_aux=True)(params, loss_scale, batch)
+        grads = policy.cast_to_param(grads)
+        grads = loss_scale.unscale(grads)
+        grads_finite = jmp.all_finite(grads)
+        loss_scale = loss_scale.adjust(grads_finite)
+        updates, new_opt_state = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        params, opt_state = jmp.select_tree(
+            grads_finite, (new_params, new_opt_state), (params, opt_state)
+        )
+        new_scale = (loss_scale.loss_scale, loss_scale.counter)
+        return (params, opt_state, new_scale), loss
+
+    # A float32 scale: the README's half-precision scale overflows float16.
+    scale = (jnp.asarray(2.0**15, jnp.float32), jnp.zeros((), jnp.int32))
+    state = (params, opt.init(params), scale)
+    return _Variant("jmp pattern", step, state, np.dtype(jnp.bfloat16))
+
+
+def _variants(params: Any) -> list[_Variant]:
+    return [
+        _mpjax_variant("float32", "float32", False, params),
+        _mpjax_variant("bf16", "mixed_bfloat16", False, params),
+        _mpjax_variant("bf16+dynamic", "mixed_bfloat16", True, params),
+        _mpjax_variant("f16+dynamic", "mixed_float16", True, params),
+        _jmp_variant(params),
+    ]
+
+
+# -------------------------------------------------------------------- analysis
+
+
+def _matmul_operand_dtypes(step: Callable, state: Any, batch: Any) -> list[str]:
+    """Distinct operand dtypes of every dot_general in the traced step."""
+
+    def walk(jaxpr: Any) -> Any:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                yield from (str(v.aval.dtype) for v in eqn.invars)
+            for param in eqn.params.values():
+                subs = param if isinstance(param, tuple | list) else (param,)
+                for sub in subs:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        yield from walk(inner)
+
+    return sorted(set(walk(jax.make_jaxpr(step)(state, batch).jaxpr)))
+
+
+def _memory(compiled: Any) -> dict[str, int | None]:
+    stats = compiled.memory_analysis()
+    fields = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+        "peak_memory_in_bytes",
+    )
+    return {f: (getattr(stats, f, None) if stats is not None else None) for f in fields}
+
+
+def _tree_bytes(tree: Any) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def measure(settings: Settings, *, seed: int = 0) -> dict[str, Any]:
+    """Times every variant in one process and returns the raw results.
+
+    Args:
+        settings: what to measure (see :func:`settings_for`).
+        seed: seed of the parameters and the batch.
+
+    Returns:
+        ``{"rows": [...], "ratios": {...}, "settings": {...}}``; each row holds the
+        variant name, median step time, all samples, memory analysis, the matmul
+        operand dtypes, and the first/last loss.
+    """
+    key_params, key_data = jax.random.split(jax.random.PRNGKey(seed))
+    # optax.adam and jmp promote Python scalars against int32 counters internally,
+    # so tracing runs under standard promotion even where a caller enabled
+    # strict promotion (as the test-suite does).
+    with jax.numpy_dtype_promotion("standard"):
+        params = _init(key_params, settings)
+        batch = _data(key_data, settings)
+        variants = _variants(params)
+        compiled, losses, dtypes, memory = {}, {}, {}, {}
+        for v in variants:
+            dtypes[v.name] = _matmul_operand_dtypes(v.step, v.state, batch)
+            jitted = jax.jit(v.step, donate_argnums=0)
+            fresh = jax.tree.map(jnp.copy, v.state)  # the state is donated
+            compiled[v.name] = jitted.lower(fresh, batch).compile()
+            memory[v.name] = _memory(compiled[v.name])
+            memory[v.name]["state_bytes"] = _tree_bytes(v.state)
+            v.state, loss = compiled[v.name](fresh, batch)  # warm-up
+            jax.block_until_ready(v.state)
+            losses[v.name] = [float(loss)]
+
+        samples: dict[str, list[float]] = {v.name: [] for v in variants}
+        for _ in range(settings.repeats):
+            for v in variants:  # round-robin: every variant sees the same load
+                run = compiled[v.name]
+                start = time.perf_counter()
+                for _ in range(settings.steps_per_repeat):
+                    v.state, loss = run(v.state, batch)
+                jax.block_until_ready((v.state, loss))
+                elapsed = time.perf_counter() - start
+                samples[v.name].append(elapsed / settings.steps_per_repeat)
+        for v in variants:
+            v.state, final = compiled[v.name](v.state, batch)
+            losses[v.name].append(float(final))
+
+    medians = {n: statistics.median(s) for n, s in samples.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(
+            x / y for x, y in zip(samples[a], samples[b], strict=True)
+        )
+
+    ratios = {
+        "bf16+dynamic / bf16 (paired)": paired("bf16+dynamic", "bf16"),
+        "jmp pattern / bf16+dynamic (paired)": paired("jmp pattern", "bf16+dynamic"),
+        "f16+dynamic / bf16 (paired)": paired("f16+dynamic", "bf16"),
+        "bf16 / float32 (paired)": paired("bf16", "float32"),
+        "jmp pattern / float32 (paired)": paired("jmp pattern", "float32"),
+        "bf16+dynamic / bf16 (medians)": medians["bf16+dynamic"] / medians["bf16"],
+        "jmp pattern / bf16+dynamic (medians)": medians["jmp pattern"]
+        / medians["bf16+dynamic"],
+    }
+    rows = [
+        {
+            "variant": v.name,
+            "step_ms": 1e3 * medians[v.name],
+            "samples_ms": [1e3 * t for t in samples[v.name]],
+            "vs_float32": medians[v.name] / medians["float32"],
+            "matmul_dtypes": dtypes[v.name],
+            "compute_dtype": v.compute_dtype.name,
+            "memory": memory[v.name],
+            "loss_first": losses[v.name][0],
+            "loss_last": losses[v.name][1],
+        }
+        for v in variants
+    ]
+    return {"rows": rows, "ratios": ratios, "settings": dataclasses.asdict(settings)}
+
+
+def _checks(results: dict[str, Any]) -> dict[str, bool]:
+    rows = {r["variant"]: r for r in results["rows"]}
+    ratios = results["ratios"]
+    checks = {
+        "matmuls_in_compute_dtype": all(
+            r["matmul_dtypes"] == [r["compute_dtype"]] for r in rows.values()
+        ),
+        "losses_finite_and_decreasing": all(
+            np.isfinite(r["loss_last"]) and r["loss_last"] < r["loss_first"]
+            for r in rows.values()
+        ),
+    }
+    if results["settings"]["timing_checks"]:
+        checks["dynamic_overhead_le_5pct"] = (
+            ratios["bf16+dynamic / bf16 (paired)"] <= OVERHEAD_TARGET
+        )
+        checks["jmp_pattern_ge_1.4x_slower"] = (
+            ratios["jmp pattern / bf16+dynamic (paired)"] >= JMP_SPEEDUP_TARGET
+        )
+    return checks
+
+
+def _table(results: dict[str, Any]) -> str:
+    def mib(n: int | None) -> float | None:
+        return None if n is None else n / 2**20
+
+    return markdown_table(
+        [
+            "variant",
+            "step ms",
+            "vs float32",
+            "matmul dtype",
+            "temp MiB",
+            "args MiB",
+            "state MiB",
+            "loss first",
+            "loss last",
+        ],
+        [
+            [
+                r["variant"],
+                r["step_ms"],
+                r["vs_float32"],
+                ",".join(r["matmul_dtypes"]),
+                mib(r["memory"]["temp_size_in_bytes"]),
+                mib(r["memory"]["argument_size_in_bytes"]),
+                mib(r["memory"]["state_bytes"]),
+                r["loss_first"],
+                r["loss_last"],
+            ]
+            for r in results["rows"]
+        ],
+    )
+
+
+def _figure(results: dict[str, Any], out_dir: Path) -> Path:
+    fig, axes = new_figure(1, 2, size=(5.0, 3.6))
+    names = [r["variant"] for r in results["rows"]]
+    x = np.arange(len(names))
+    for i, r in enumerate(results["rows"]):
+        axes[0, 0].scatter(
+            np.full(len(r["samples_ms"]), i), r["samples_ms"], s=8, color="0.6"
+        )
+    axes[0, 0].bar(x, [r["step_ms"] for r in results["rows"]], alpha=0.7)
+    axes[0, 0].set_ylabel("step time [ms] (median, samples)")
+    temp = [(r["memory"]["temp_size_in_bytes"] or 0) / 2**20 for r in results["rows"]]
+    axes[0, 1].bar(x, temp, alpha=0.7)
+    axes[0, 1].set_ylabel("XLA temp buffers [MiB]")
+    for ax in axes[0]:
+        ax.set_xticks(x, names, rotation=30, ha="right")
+    return save_figure(fig, out_dir / "step_time.png")
+
+
+def _report(
+    out_dir: Path, scale: str, table: str, results: dict[str, Any], checks: dict
+) -> None:
+    s = results["settings"]
+    lines = [
+        "# Mixed-precision train-step benchmark",
+        "",
+        f"Scale **{scale}**: MLP of {s['layers']} dense {s['width']}x{s['width']} "
+        f"layers, batch {s['batch']}, Adam; median of {s['repeats']} repeats of "
+        f"{s['steps_per_repeat']} step(s) after warm-up, variants timed round-robin "
+        "in one process, state donated.",
+        "",
+        table,
+        "",
+        "## Ratios",
+        "",
+        markdown_table(
+            ["ratio", "value"], [[k, v] for k, v in results["ratios"].items()]
+        ),
+        "",
+        f"Targets: bf16+dynamic / bf16 <= {OVERHEAD_TARGET}; jmp pattern / "
+        f"bf16+dynamic >= {JMP_SPEEDUP_TARGET}. On a CPU, XLA upcasts 16-bit matrix "
+        "products to float32, so 16-bit policies are slower than float32 here; the "
+        "matmul dtypes above are read from the traced program.",
+        "",
+        "![step time](step_time.png)",
+        "",
+        "## Checks",
+        "",
+    ]
+    lines += [f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()]
+    (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
+
+
+def run(
+    out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
+) -> dict[str, Any]:
+    """Runs the benchmark; writes ``results.json``, ``step_time.png``, ``REPORT.md``.
+
+    Args:
+        out_dir: an existing, empty directory.
+        quick: CPU-sized repeats (``True``) or more repeats for a GPU.
+        seed: seed of the parameters and data.
+        scale: override the scale (``"tiny"`` for tests); see
+            :func:`experiments._framework.resolve_scale`.
+
+    Returns:
+        ``{"table", "checks", "rows", "ratios", "scale"}``.
+    """
+    scale = _framework.resolve_scale(quick, scale)
+    settings = settings_for(scale)
+    out_dir = Path(out_dir)
+    env = _framework.capture_environment(seed=seed, scale=scale)
+    results = measure(settings, seed=seed)
+    checks = _checks(results)
+    table = _table(results)
+    _figure(results, out_dir)
+    _framework.write_json(
+        out_dir / "results.json",
+        {
+            "pipeline": "mixed_precision_bench",
+            **results,
+            "checks": checks,
+            "environment": env,
+        },
+    )
+    _report(out_dir, scale, table, results, checks)
+    return {
+        "table": table,
+        "checks": checks,
+        "rows": results["rows"],
+        "ratios": results["ratios"],
+        "scale": scale,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: print the table and ratios; ``--json FILE`` saves the results.
+
+    Returns:
+        0 when every check passed, 1 otherwise.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.mixed_precision_bench",
+        description="Time mixed-precision train steps (mpjax vs the jmp pattern).",
+    )
+    parser.add_argument("--json", type=Path, help="write the results to this file")
+    parser.add_argument(
+        "--full", action="store_true", help="more repeats (meant for a GPU)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    scale = "full" if args.full else "quick"
+    results = measure(settings_for(scale), seed=args.seed)
+    checks = _checks(results)
+    print(_table(results))
+    print()
+    print(
+        markdown_table(
+            ["ratio", "value"], [[k, v] for k, v in results["ratios"].items()]
+        )
+    )
+    print()
+    for name, ok in checks.items():
+        print(f"{name}: {'pass' if ok else 'FAIL'}")
+    if args.json is not None:
+        env = _framework.capture_environment(seed=args.seed, scale=scale)
+        _framework.write_json(
+            args.json, {**results, "checks": checks, "environment": env}
+        )
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
