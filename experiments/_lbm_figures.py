@@ -130,7 +130,7 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
         for ax in (ax_u, ax_v):
             ax.grid(alpha=0.3)
         ax_v.legend(fontsize="x-small")
-    return save_figure(fig, out / "cavitycentrelines.png")
+    return save_figure(fig, out / "cavity_centrelines.png")
 
 
 def cylinder_figure(records: list[dict[str, Any]], out: Path) -> Path:
