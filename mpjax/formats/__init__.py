@@ -25,7 +25,7 @@ have a single zero.
 >>> from mpjax import formats
 >>> fmt = formats.get_format("fp16c")
 >>> int(fmt.encode(1.0)), float(fmt.round(3.0))
-(15360, 1.99951171875)
+(30720, 1.99951171875)
 """
 
 from mpjax.formats._base import NumberFormat

@@ -46,7 +46,6 @@ _NATIVE = {
 }
 
 _F32_MIN_NORMAL = 2.0**-126
-_F32_MIN_SUBNORMAL = 2.0**-149
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,11 +353,5 @@ def minifloat(
             f"format {name!r} spans [{fmt.min_normal:g}, {fmt.max:g}] (min normal, "
             "max), which must lie within float32's normal range [2**-126, 2**128); "
             f"choose a bias between {fmt._top_exponent - 127} and 127"
-        )
-    if fmt.min_subnormal < _F32_MIN_SUBNORMAL:
-        raise ValueError(
-            f"format {name!r} has subnormals down to {fmt.min_subnormal:g}, below "
-            "float32's smallest subnormal 2**-149; reduce bias + mantissa_bits to "
-            "at most 150"
         )
     return fmt

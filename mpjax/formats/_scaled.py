@@ -15,8 +15,7 @@ from mpjax.formats._bits import source_layout
 
 __all__ = ["ScaledFormat", "scaled"]
 
-_F32_MIN_NORMAL = 2.0**-126
-_INNER_MIN = 2.0**-125
+_MIN_VALUE = 2.0**-125  # smallest allowed positive value, inner and scaled
 _F32_MAX_EXCLUSIVE = 2.0**128
 
 
@@ -24,11 +23,11 @@ _F32_MAX_EXCLUSIVE = 2.0**128
 class ScaledFormat(NumberFormat):
     """`inner` applied to `x * 2**exponent`; decoding multiplies by `2**-exponent`.
 
-    Multiplying by a power of two is exact in float32/float64 (the validated range
-    keeps every intermediate normal), so the scaled format inherits the inner
-    format's rounding (nearest, ties to even), signed zeros, overflow and NaN
-    behaviour, with every threshold divided by `2**exponent`. Build it with
-    `scaled`.
+    Multiplying by a power of two is exact while the product is a normal float;
+    products that would underflow are resolved on the exponent bits (see
+    `_encode`). So the scaled format inherits the inner format's rounding
+    (nearest, ties to even), signed zeros, overflow and NaN behaviour, with every
+    threshold divided by `2**exponent`. Build it with `scaled`.
 
     Attributes:
         name: registry name.
@@ -75,18 +74,23 @@ class ScaledFormat(NumberFormat):
 
     def _encode(self, x: jax.Array) -> jax.Array:
         factor = jnp.asarray(2.0**self.exponent, x.dtype)
-        y = x * factor
-        # A non-zero x whose product underflowed (or a subnormal x, which the CPU
-        # treats as zero) becomes the smallest normal of the same sign: the inner
-        # format then rounds it exactly as the tiny true product (to zero for
-        # minifloats, whose smallest value is >= 2**-125; to minpos for posits).
+        # Products that leave the normal range (and subnormal x, which the CPU may
+        # treat as zero) are decided on the exponent bits, not with float
+        # arithmetic: they become the smallest normal of x's sign, which the inner
+        # format rounds exactly like the tiny true product (to zero for minifloats,
+        # whose smallest value is >= 2**-125; to minpos for posits).
         src = source_layout(x.dtype)
         bits = lax.bitcast_convert_type(x, src.uint)
-        nonzero = (bits & jnp.asarray(src.abs_mask, src.uint)) != 0
+        magnitude = bits & jnp.asarray(src.abs_mask, src.uint)
+        biased_exp = (magnitude >> jnp.asarray(src.mantissa_bits, src.uint)).astype(
+            src.sint
+        )
+        tiny_result = (magnitude != 0) & (
+            (biased_exp == 0) | (biased_exp + self.exponent < 1)
+        )
         negative = (bits >> jnp.asarray(src.width - 1, src.uint)) != 0
         tiny = jnp.asarray(np.finfo(x.dtype).tiny, x.dtype)
-        lost = nonzero & (y == 0)
-        y = jnp.where(lost, jnp.where(negative, -tiny, tiny), y)
+        y = jnp.where(tiny_result, jnp.where(negative, -tiny, tiny), x * factor)
         return self.inner._encode(y)
 
     def _decode(self, stored: jax.Array, dtype: np.dtype) -> jax.Array:
@@ -110,8 +114,8 @@ def scaled(fmt: NumberFormat, exponent: int, name: str | None = None) -> ScaledF
 
     Raises:
         TypeError: if `fmt` is not a `NumberFormat` or `exponent` not an int.
-        ValueError: if the scaled range leaves float32's normal range
-            [2**-126, 2**128).
+        ValueError: if the inner format or the scaled range reaches below
+            2**-125 or the scaled range above 2**128.
 
     >>> from mpjax.formats import get_format
     >>> scaled(get_format("float16"), 15).max
@@ -132,7 +136,7 @@ def scaled(fmt: NumberFormat, exponent: int, name: str | None = None) -> ScaledF
         name = f"{fmt.name}*2^{exponent}"
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str or None, got {name!r}")
-    if fmt.min_subnormal < _INNER_MIN:
+    if fmt.min_subnormal < _MIN_VALUE:
         raise ValueError(
             f"scaled() needs an inner format whose smallest positive value is at "
             f"least 2**-125 (so x * 2**exponent never relies on float32 "
@@ -140,17 +144,17 @@ def scaled(fmt: NumberFormat, exponent: int, name: str | None = None) -> ScaledF
             f"{fmt.min_subnormal:g}. Use a 16-bit or smaller format such as float16"
         )
     out = ScaledFormat(name, fmt, exponent)
-    if out.max >= _F32_MAX_EXCLUSIVE or out.min_subnormal < _F32_MIN_NORMAL:
+    if out.max >= _F32_MAX_EXCLUSIVE or out.min_subnormal < _MIN_VALUE:
         raise ValueError(
             f"scaled({fmt.name}, {exponent}) spans [{out.min_subnormal:g}, "
-            f"{out.max:g}], which must lie within float32's normal range "
-            f"[2**-126, 2**128); choose an exponent between "
-            f"{_exp_bounds(fmt)[0]} and {_exp_bounds(fmt)[1]}"
+            f"{out.max:g}], which must lie within [2**-125, 2**128) (float32's "
+            f"normal range, one binade of margin at the bottom); choose an exponent "
+            f"between {_exp_bounds(fmt)[0]} and {_exp_bounds(fmt)[1]}"
         )
     return out
 
 
 def _exp_bounds(fmt: NumberFormat) -> tuple[int, int]:
     lo = math.floor(math.log2(fmt.max)) - 127
-    hi = math.floor(math.log2(fmt.min_subnormal)) + 126
+    hi = math.floor(math.log2(fmt.min_subnormal)) + 125
     return lo, hi

@@ -223,3 +223,20 @@ def test_minifloat_custom_bias_shifts_the_range():
         np.asarray(fmt.round(x)),
         np.array([3.0 * 2**-19, 0.0, 1953 * 512.0]),  # ulp 512 in [2**19, 2**20)
     )
+
+
+def test_fp16s_is_float16_of_the_exactly_scaled_value():
+    fmt = formats.get_format("fp16s")
+    with np.errstate(invalid="ignore"):  # NaN inputs
+        x = _inputs(np.dtype(np.float16), seed=1) * np.float32(2.0**-15)
+    sub = np.array([1e-40, -1e-45, 2.0**-126, 2.0**-40 * 1.5], np.float32)
+    x = np.concatenate([x, sub])
+    ref = _oracle(x.astype(np.float64) * 2.0**15, np.dtype(np.float16))
+    got = np.asarray(jax.jit(fmt.encode)(x))
+    assert got.dtype == np.float16
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], ref.view(np.uint16)[~nan])
+    assert np.isnan(got[nan]).all()
+    np.testing.assert_array_equal(
+        np.asarray(fmt.decode(got))[~nan], ref[~nan].astype(np.float32) * 2.0**-15
+    )
