@@ -1,0 +1,63 @@
+"""Benchmark helpers: bandwidth measurement and MLUPs reports (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lbm_jax.__main__ import main
+from lbm_jax._bench import bench, format_table, measure_bandwidth, stream_bandwidths
+
+
+def test_stream_bandwidths_are_positive_and_finite():
+    bw = stream_bandwidths(size_mib=8, repeats=2)
+    assert set(bw) == {"copy", "triad"}
+    assert all(0 < v < 1e4 for v in bw.values())
+    assert measure_bandwidth(size_mib=8, repeats=1) > 0
+
+
+@pytest.mark.parametrize(("storage", "bytes_per_cell"), [("fp32", 72), ("fp16s", 36)])
+def test_bench_reports_mlups_and_bytes_per_cell(storage, bytes_per_cell):
+    r = bench("D2Q9", 32, storage, steps=3, repeats=2, bandwidth=10.0)
+    assert r["bytes_per_cell"] == bytes_per_cell
+    assert r["cells"] == 32 * 32
+    assert r["mlups"] > 0
+    assert r["roofline_mlups"] == pytest.approx(10e9 / bytes_per_cell / 1e6)
+    assert r["roofline_fraction"] == pytest.approx(r["mlups"] / r["roofline_mlups"])
+    json.dumps(r)  # JSON-ready
+    table = format_table([r])
+    assert r["storage"] in table and "MLUPs" in table
+
+
+def test_bench_d3q19_bytes_per_cell():
+    r = bench("D3Q19", 8, "fp16c", steps=2, repeats=1, bandwidth=10.0)
+    assert r["bytes_per_cell"] == 2 * 19 * 2
+    assert r["lattice"] == "D3Q19"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lattice": "D2Q7"}, "lattice"),
+        ({"storage": "fp7"}, "storage"),
+        ({"n": 2}, "n must"),
+        ({"repeats": 0}, "repeats"),
+        ({"steps": 0}, "steps"),
+    ],
+)
+def test_bench_rejects_bad_arguments(kwargs, match):
+    args = {"lattice": "D2Q9", "n": 16, "storage": "fp32", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        bench(args.pop("lattice"), args.pop("n"), args.pop("storage"), **args)
+
+
+def test_cli_bench_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--lattice", "D2Q9", "--n", "32", "--steps", "2"]
+    assert main([*argv, "--repeats", "1", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    (r,) = report["results"]
+    assert r["mlups"] > 0 and r["bytes_per_cell"] == 72
+    assert report["bandwidth_gbs"] > 0
+    assert "roofline" in capsys.readouterr().out
