@@ -1,0 +1,66 @@
+"""Flow past a cylinder: shedding analysis, a fast smoke run, Schaefer-Turek 2D-2."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lbm_jax.cases import prepare_case, run_case
+from lbm_jax.cases.cylinder import shedding_frequency
+
+
+def test_shedding_frequency_of_a_sampled_sine():
+    dt = 0.01
+    t = np.arange(2000) * dt
+    f, periods = shedding_frequency(0.3 + np.sin(2 * math.pi * 1.7 * t), dt)
+    assert f == pytest.approx(1.7, rel=1e-4)
+    assert periods >= 30
+    f, periods = shedding_frequency(np.linspace(0, 1, 50), dt)
+    assert math.isnan(f) and periods == 0
+
+
+def test_cylinder_smoke_forces_and_fields():
+    # D = 6 cells, 1200 steps: the wake has formed, shedding has not yet begun.
+    res = run_case("cylinder", n=6, u_ref=0.1, steps=1200)
+    s = res.summary
+    nx, ny = s["grid"]
+    assert (nx, ny) == (134, 27)
+    assert res.fields["u"].shape == (2, nx, ny)
+    assert np.all(np.isfinite(res.fields["u"]))
+    assert s["steps"] == 1200
+    # steady drag of a confined cylinder at Re = 100 is a few units, lift small
+    assert 2.0 < s["cd_mean"] < 6.0
+    assert abs(s["cl_max"]) < 1.0
+    # no flow inside the cylinder, forward flow at the inlet
+    assert np.all(res.fields["u"][:, 2 * 6, 2 * 6] == 0)
+    assert res.fields["u"][0, 1, ny // 2] > 0
+
+
+def test_unconfined_geometry_is_validated():
+    setup = prepare_case("cylinder_unconfined", n=8)
+    assert setup.u_ref == 0.05 and setup.re == 100
+    with pytest.raises(ValueError, match="contain the cylinder"):
+        prepare_case("cylinder_unconfined", n=8, length=5.0, length_front=8.0)
+    with pytest.raises(ValueError, match="Mach"):
+        prepare_case("cylinder", n=8, u_ref=0.2)  # peak 1.5 u_ref = 0.3
+
+
+@pytest.mark.slow
+def test_schaefer_turek_2d2_at_d20():
+    # ~20k steps on 442 x 84 cells: about 30 s on 2 free cores.
+    s = run_case("cylinder", n=20, u_ref=0.1, run_times=100.0, window=0.2).summary
+    assert s["periods"] >= 4
+    # Measured: St 0.287 (-4 %), cd_max 3.20 (-1 %), cl_max 0.93 (-7 %).
+    assert abs(s["strouhal_deviation"]) < 0.06
+    assert abs(s["cd_max_deviation"]) < 0.03
+    assert abs(s["cl_max_deviation"]) < 0.10
+
+
+@pytest.mark.slow
+def test_unconfined_karman_street_strouhal():
+    s = run_case("cylinder_unconfined", n=10, u_ref=0.1, run_times=150.0).summary
+    assert s["periods"] >= 4
+    assert 0.15 < s["strouhal"] < 0.19
+    assert 1.2 < s["cd_mean"] < 1.6
