@@ -11,6 +11,8 @@ float64 for the arithmetic, once per fused streaming + collision step.
 (32, 16)
 """
 
+from lbm_jax import cases
+from lbm_jax._bench import bench, measure_bandwidth
 from lbm_jax._boundaries import CellType
 from lbm_jax._collision import Collision, CollisionModel
 from lbm_jax._lattice import CS2, Lattice, get_lattice, list_lattices
@@ -35,11 +37,14 @@ __all__ = [
     "Lattice",
     "Simulation",
     "StoragePolicy",
+    "bench",
+    "cases",
     "density",
     "get_lattice",
     "get_storage",
     "list_lattices",
     "list_storages",
+    "measure_bandwidth",
     "momentum_exchange_force",
     "run",
     "velocity",
