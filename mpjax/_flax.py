@@ -26,7 +26,10 @@ and the main policy at the root. Then, per module:
 4. the default attention function of :class:`flax.nnx.MultiHeadAttention` is
    replaced by one that accumulates the logits and takes the softmax in
    ``attention_softmax_dtype`` (float32 unless told otherwise), then multiplies the
-   values in the compute dtype;
+   values in the compute dtype. Flax's own function upcasts the logits only on its
+   fused path (no dropout, no ``sow_weights``), normalises in the compute dtype
+   otherwise, and its fused path mixes dtypes implicitly, which fails under JAX's
+   strict dtype promotion; the replacement casts explicitly;
 5. at the root, and at every module whose override differs from the policy of its
    parent, ``__call__`` casts floating-point positional arguments to the compute
    dtype and its outputs to the output dtype. This is done by giving the copy a
@@ -73,12 +76,15 @@ def _resolve(spec: Any, what: str) -> Any:
 
 
 def _floating_dtype(value: Any, what: str) -> jnp.dtype:
+    """A floating dtype from a dtype, a type or a policy dtype name (``"bf16"``)."""
+    from mpjax._policy import parse_dtype
+
     try:
-        dtype = jnp.dtype(value)
-    except TypeError as err:
-        raise TypeError(
+        dtype = parse_dtype(value) if isinstance(value, str) else jnp.dtype(value)
+    except (TypeError, ValueError) as err:
+        raise type(err)(
             f"{what} must be a floating-point dtype such as 'float32', got "
-            f"{value!r}; pass a jnp dtype or its name."
+            f"{value!r} ({err}); pass a jnp dtype or its name."
         ) from err
     if not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
