@@ -125,9 +125,17 @@ def momentum_exchange_force(
         uw_next = np.roll(moving_uw, back, axis=tuple(a + 1 for a in axes))
         wall.append(6.0 * wi * np.tensordot(ci.astype(np.float64), uw_next, axes=1))
     link = np.stack(links)
-    correction = np.where(link, np.stack(wall), 0.0).astype(dtype)
-    f = sim.populations(state)
-    transfer = jnp.where(link, 2 * f, 0) - correction
-    per_dir = jnp.sum(transfer, axis=tuple(range(1, len(sim.shape) + 1)))
-    c = lat.c.astype(dtype)
-    return per_dir @ c
+    c = lat.c.astype(np.float64)
+    # host-side float64 part: the moving-wall terms and, for shifted storage, the
+    # weights the stored values are offset by (kept out of the low-precision sum)
+    constant = -np.where(link, np.stack(wall), 0.0).sum(axis=_grid_axes(len(axes))) @ c
+    f = sim.storage.decode(sim._from_layout(state.f))  # noqa: SLF001
+    if sim.storage.shift:
+        constant = constant + 2 * (lat.w * link.sum(axis=_grid_axes(len(axes)))) @ c
+    per_dir = jnp.sum(jnp.where(link, 2 * f, 0), axis=_grid_axes(len(axes)))
+    return per_dir @ c.astype(dtype) + constant.astype(dtype)
+
+
+def _grid_axes(ndim: int) -> tuple[int, ...]:
+    """Grid axes of a ``(Q, *grid)`` array."""
+    return tuple(range(1, ndim + 1))
