@@ -468,3 +468,34 @@ def test_scaled_value_and_grad_leaves_integer_params_alone():
     np.testing.assert_array_equal(grads["w"], [12.0, -12.0])
     assert grads["n"].dtype == jnp.int32 and int(grads["n"]) == 0
     assert grads["on"].dtype == jnp.bool_ and not bool(grads["on"])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_mixed_leaf_dtypes_keep_their_dtypes(variant):
+    params = {
+        "w32": jnp.ones((2, 2), jnp.float32),
+        "w16": jnp.ones(3, jnp.float16),
+        "wbf": jnp.ones(4, jnp.bfloat16),
+    }
+    opt = VARIANTS[variant](optax.sgd(0.5, momentum=0.5))
+    state = opt.init(params)
+    update = jax.jit(opt.update)
+    # Momentum 0.5: the third step sees 0.25 + 0.5 * 0.5 only if the NaN step left
+    # the trace alone.
+    for value, expected in ((0.5, -0.25), (NAN, 0.0), (0.25, -0.25)):
+        grads = _scaled(_grads(params, value), mpjax.get_loss_scale(state))
+        updates, new_state = update(grads, state, params)
+        chex.assert_trees_all_equal_dtypes(updates, params)
+        chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
+        assert all(float(u.ravel()[0]) == expected for u in jax.tree.leaves(updates))
+        state = new_state
+    assert int(state.skipped) == 1
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from mpjax import _loss_scaling
+
+    result = doctest.testmod(_loss_scaling)
+    assert result.attempted >= 10 and result.failed == 0

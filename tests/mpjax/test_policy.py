@@ -227,3 +227,12 @@ def test_policy_bad_dtypes_raise():
         mpjax.get_policy(32)
     with pytest.raises(TypeError, match="from_jmp expects a jmp.Policy"):
         mpjax.Policy.from_jmp("p=f32")
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from mpjax import _policy
+
+    result = doctest.testmod(_policy)
+    assert result.attempted >= 4 and result.failed == 0

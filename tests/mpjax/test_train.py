@@ -295,3 +295,12 @@ def test_bad_arguments_raise_before_tracing():
         mpjax.make_train_step(_mse, optax.sgd(0.1), "mixed_float17")
     with pytest.raises(TypeError, match="optax.GradientTransformation"):
         mpjax.TrainState.create({"w": jnp.ones(2)}, "adam")
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from mpjax import _train
+
+    result = doctest.testmod(_train)
+    assert result.attempted >= 4 and result.failed == 0
