@@ -7,7 +7,11 @@ three general constructors, `minifloat`, `scaled` and `posit`, and the registry
 
 float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2
     native IEEE-style formats; `encode` is a dtype cast (XLA rounds to nearest
-    even; overflow gives Inf, or NaN for float8_e4m3fn, which has no Inf).
+    even; overflow gives Inf, or NaN for float8_e4m3fn, which has no Inf; NaN
+    stays NaN, with the payload the cast keeps). float64 input to the 16- and
+    8-bit formats goes through the bit codec instead, because XLA's casts from
+    float64 round twice (via float32). float64 storage needs x64 enabled;
+    without it, encode/decode raise ValueError saying how to enable it.
 fp16s
     `scaled(float16, 15)`: float16 storage of `x * 2**15`, range [2**-39, 2).
 fp16c
@@ -20,7 +24,10 @@ posit16, posit16_es2
     NaR = 0x8000, NaN/Inf encode to NaR, no non-zero value rounds to 0 or NaR.
 
 All rounding is to nearest, ties to even. Minifloats keep signed zeros; posits
-have a single zero.
+have a single zero. Inputs may be float16, bfloat16, float32 or (with x64)
+float64; without x64, JAX has already turned float64 data into float32 before
+`encode` sees it. `round(x, straight_through=True)` passes gradients through
+unchanged (quantisation-aware training); otherwise its gradient is zero.
 
 >>> from mpjax import formats
 >>> fmt = formats.get_format("fp16c")
