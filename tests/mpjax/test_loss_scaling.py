@@ -258,10 +258,11 @@ def test_clipping_inside_chain_sees_unscaled_gradients(variant):
     opt = VARIANTS[variant](inner)
     params = _params()
     state, ref_state = opt.init(params), inner.init(params)
+    update, ref_update = jax.jit(opt.update), jax.jit(inner.update)
     for i in range(3):
         grads = jax.tree.map(lambda p, i=i: (3.0 + i) * p + 1.0, params)  # norm > 1
-        updates, state = opt.update(_scaled(grads, SCALE[variant]), state, params)
-        expected, ref_state = inner.update(grads, ref_state, params)
+        updates, state = update(_scaled(grads, SCALE[variant]), state, params)
+        expected, ref_state = ref_update(grads, ref_state, params)
         chex.assert_trees_all_close(updates, expected, rtol=1e-6, atol=0.0)
         params = optax.apply_updates(params, updates)
     chex.assert_trees_all_close(state.inner_state, ref_state, rtol=1e-6, atol=0.0)
@@ -279,13 +280,13 @@ def test_multisteps_accumulation_matches_unscaled():
     ref = optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2)
     params = _params()
     state, ref_state = opt.init(params), ref.init(params)
-    update = jax.jit(opt.update)
+    update, ref_update = jax.jit(opt.update), jax.jit(ref.update)
     scales = []
     for i in range(4):
         grads = jax.tree.map(lambda p, i=i: p * (i + 1.0), params)
         scale = mpjax.get_loss_scale(state)
         updates, state = update(_scaled(grads, scale), state, params)
-        expected, ref_state = ref.update(grads, ref_state, params)
+        expected, ref_state = ref_update(grads, ref_state, params)
         chex.assert_trees_all_close(updates, expected, rtol=1e-6, atol=1e-9)
         scales.append(float(mpjax.get_loss_scale(state)))
     # The scale changes only when the accumulated step reaches the inner optimizer.
@@ -324,11 +325,12 @@ def test_schedule_count_advances_only_on_applied_steps():
     opt = mpjax.dynamic_loss_scaling(optax.sgd(schedule), init_scale=2.0)
     params = _params()
     state = opt.init(params)
+    update = jax.jit(opt.update)
     rates = []
     for bad in (False, True, True, False, False):
         scale = float(mpjax.get_loss_scale(state))
         grads = _scaled(_grads(params, NAN if bad else 1.0), scale)
-        updates, state = opt.update(grads, state, params)
+        updates, state = update(grads, state, params)
         rates.append(-float(updates["b"][0]))
     # Skipped steps leave the schedule's count alone: rates 1, -, -, 1, 0.1.
     assert rates == pytest.approx([1.0, 0.0, 0.0, 1.0, 0.1])
