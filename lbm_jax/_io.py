@@ -37,6 +37,19 @@ __all__ = ["load_state", "save_state", "write_vti"]
 _FORMAT = "lbm_jax.checkpoint/1"
 
 
+def _key_name(key_path: tuple[Any, ...]) -> str:
+    """A readable leaf name: dict keys, attribute names and indices joined by '/'."""
+    parts = []
+    for k in key_path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts) or "leaf"
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     """View an array as unsigned integers of the same width (a lossless carrier)."""
     if a.dtype == np.bool_:
@@ -70,7 +83,7 @@ def save_state(
         arrays[f"leaf_{i}"] = _bits(a)
         leaves_info.append(
             {
-                "path": jax.tree_util.keystr(key_path),
+                "path": _key_name(key_path),
                 "dtype": a.dtype.name,
                 "shape": list(a.shape),
             }
@@ -107,8 +120,9 @@ def load_state(
         like: Optional template pytree (e.g. a freshly initialised state). When
             given, the loaded leaves are put back into its structure (NamedTuples and
             dataclasses included) and each leaf's shape and dtype must match; the
-            result holds ``jax.Array`` leaves. Without it, a dict from leaf path
-            (``"['f']"`` or ``".f"``) to NumPy array is returned.
+            result holds ``jax.Array`` leaves. Without it, a dict from leaf name
+            (dict keys, attribute names and indices joined by ``/``, e.g. ``"f"``
+            for an ``LBMState``'s populations) to NumPy array is returned.
 
     Returns:
         ``(state, metadata)``.

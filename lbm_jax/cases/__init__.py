@@ -3,7 +3,8 @@
 :func:`run_case` validates its arguments (raising ``ValueError``/``TypeError``
 before anything is compiled), runs one case, compares it with its analytic
 solution or published reference data, and returns a :class:`CaseResult`. With
-``out_dir`` it also writes ``fields.npz``, ``summary.json`` and a PNG figure.
+``out_dir`` it also writes ``fields.npz``, ``summary.json``, ``fields.vti`` (VTK
+image data for ParaView) and PNG figures.
 
 Fields are in lattice units: ``rho`` has shape ``(X, Y[, Z])`` and ``u`` shape
 ``(D, X, Y[, Z])``, x the first spatial axis, over the fluid nodes of the case
@@ -131,7 +132,8 @@ def run_case(
         shift: DDF-shifting of the stored populations.
         steps: Time steps; default: long enough for the steady or periodic state
             (steady cases stop early once converged).
-        out_dir: If given, write ``fields.npz``, ``summary.json`` and a PNG there.
+        out_dir: If given, write ``fields.npz`` (``rho``, ``u`` and the case's time
+            series or profiles), ``summary.json``, ``fields.vti`` and PNGs there.
             An existing non-empty directory is refused unless ``overwrite``.
         progress: Show a tqdm progress bar.
         overwrite: Allow writing into a non-empty ``out_dir``.
@@ -166,13 +168,14 @@ def _write(
     extras: Mapping[str, np.ndarray],
     setup: CaseSetup,
 ) -> tuple[Path, ...]:
-    from lbm_jax import _plot
+    from lbm_jax import _io, _plot
 
     out.mkdir(parents=True, exist_ok=True)
     files = []
     npz = out / "fields.npz"
     np.savez_compressed(npz, rho=fields["rho"], u=fields["u"], **extras)
     files.append(npz)
+    files.append(_io.write_vti(out / "fields.vti", fields))
     js = out / "summary.json"
     js.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     files.append(js)

@@ -57,6 +57,7 @@ def test_cli_run_writes_fields_summary_and_png(
     assert summary["case"] == argv[0]
     assert summary["steps"] == int(argv[argv.index("--steps") + 1])
     assert list(out.glob("*.png"))
+    assert (out / "fields.vti").stat().st_size > 0
     assert '"case"' in capsys.readouterr().out
 
 
