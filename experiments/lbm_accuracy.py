@@ -464,8 +464,52 @@ def run(
             "environment": env,
         },
     )
-    _write_report(out_dir, scale, st, tables, figures, checks, env)
+    findings = _findings(
+        {
+            "Poiseuille": poiseuille,
+            "Taylor-Green": taylor_green,
+            "cavity": cavity,
+            "cylinder": cylinder,
+        }
+    )
+    _write_report(out_dir, scale, st, tables, figures, checks, env, findings)
     return {"table": table, "checks": checks, "scale": scale, "records": records}
+
+
+def _findings(studies: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Plain-language summary lines computed from the run records."""
+    lines = []
+    for case, records in studies.items():
+        if not records:
+            continue
+        unstable = [r["label"] for r in records if not r["stable"]]
+        if unstable:
+            lines.append(f"- {case}: unstable runs: {', '.join(unstable)}.")
+        fp16, fp16s = _find(records, "fp16", False), _find(records, "fp16s", True)
+        if fp16 and fp16s and fp16["stable"] and fp16s["stable"]:
+            ratio = fp16["err_vs_fp64"] / max(fp16s["err_vs_fp64"], 1e-300)
+            lines.append(
+                f"- {case}: unshifted FP16 deviates {ratio:.3g}x more from the "
+                f"reference run than shifted FP16S "
+                f"({fp16['err_vs_fp64']:.3g} vs {fp16s['err_vs_fp64']:.3g})."
+            )
+        shifted = [
+            r
+            for r in records
+            if r["stable"]
+            and r["shift"]
+            and r["storage"] not in ("FP64/FP64", "FP32/FP32")
+            and math.isfinite(r["err_vs_fp64"])
+        ]
+        if shifted:
+            best = min(shifted, key=lambda r: r["err_vs_fp64"])
+            worst = max(shifted, key=lambda r: r["err_vs_fp64"])
+            lines.append(
+                f"- {case}: closest shifted 16-bit format to the reference run: "
+                f"{best['label']} ({best['err_vs_fp64']:.3g}); farthest: "
+                f"{worst['label']} ({worst['err_vs_fp64']:.3g})."
+            )
+    return lines
 
 
 def _write_report(
@@ -476,6 +520,7 @@ def _write_report(
     figures: list[Path],
     checks: dict[str, bool],
     env: dict[str, Any],
+    findings: list[str],
 ) -> None:
     cyl = ", ".join(_label(s, sh) for s, sh in st.cylinder_runs) or "not run"
     lines = [
@@ -501,6 +546,7 @@ def _write_report(
         "`lbm_jax.cases.run_case`; see `results.json` for every parameter.",
         "",
     ]
+    lines += ["## Findings", "", *findings, ""]
     for name, table in tables.items():
         lines += [f"## {name}", "", table, ""]
     lines += [f"![{p.stem}]({p.name})" for p in figures]

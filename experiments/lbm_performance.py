@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,7 @@ def _report(
     checks: dict[str, bool],
     env: dict[str, Any],
     fluidx3d: list[list[Any]],
+    load: tuple[float, float],
 ) -> None:
     lines = [
         "# LBM performance",
@@ -265,6 +267,10 @@ def _report(
         table,
         "",
         "![MLUPs](mlups.png)",
+        "",
+        f"Load average (1 min) before / after the sweep: {load[0]:.2f} / "
+        f"{load[1]:.2f} on {env['cpu_count']} logical CPUs; a busy machine slows "
+        "every row, so compare the ratios, measured side by side in this run.",
         "",
         "Notes: small grids fit in the caches, so their roofline fraction can exceed "
         "1; on a CPU, XLA upcasts 16-bit data and the 1-4-11 FP16C codec is "
@@ -308,7 +314,9 @@ def run(
     settings = settings_for(scale)
     out_dir = Path(out_dir)
     env = _framework.capture_environment(seed=seed, scale=scale)
+    load_before = os.getloadavg()[0]
     rows, bandwidths = _measure(settings)
+    load = (load_before, os.getloadavg()[0])
     bandwidth = statistics.median(bandwidths)
     _analyse(rows, bandwidth)
     checks = _checks(rows, bandwidths)
@@ -346,6 +354,7 @@ def run(
             "settings": dataclasses.asdict(settings),
             "bandwidth_gbs": bandwidth,
             "bandwidth_samples_gbs": bandwidths,
+            "load_average_before_after": load,
             "rows": rows,
             "fluidx3d_h200_mlups": FLUIDX3D_H200_MLUPS,
             "fluidx3d_comparison": fluidx3d,
@@ -353,7 +362,7 @@ def run(
             "environment": env,
         },
     )
-    _report(out_dir, scale, table, bandwidth, checks, env, fluidx3d)
+    _report(out_dir, scale, table, bandwidth, checks, env, fluidx3d, load)
     return {
         "table": table,
         "checks": checks,

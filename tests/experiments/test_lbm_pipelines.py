@@ -46,6 +46,7 @@ def test_lbm_accuracy_tiny_artefacts_and_checks(accuracy):
     assert "FP32/FP16S S" in accuracy.table and "Taylor-Green" in accuracy.table
     report = (out / "REPORT.md").read_text()
     assert "![errors](errors.png)" in report
+    assert "- Poiseuille: unshifted FP16 deviates" in report
 
 
 def test_lbm_accuracy_tiny_error_ordering(accuracy):
