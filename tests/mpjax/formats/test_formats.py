@@ -245,6 +245,21 @@ def test_contract_shapes_dtypes_and_jit(fmt):
     assert fmt.round(x.astype(jnp.float16)).dtype == jnp.float16
 
 
+def test_contract_round_is_monotonic_idempotent_and_odd(fmt):
+    rng = np.random.default_rng(2)
+    x = np.sort(
+        (rng.standard_normal(4096) * np.exp2(rng.uniform(-40, 40, 4096))).astype(
+            np.float32
+        )
+    )
+    with np.errstate(over="ignore"):
+        x = np.clip(x, -fmt.max, fmt.max).astype(np.float32)  # no overflow to NaN
+    r = np.asarray(fmt.round(x))
+    assert np.all(r[1:] >= r[:-1])  # rounding never reorders values
+    np.testing.assert_array_equal(np.asarray(fmt.round(r)), r)
+    np.testing.assert_array_equal(np.asarray(fmt.round(-x)), -r)
+
+
 def test_contract_vmap_and_scan(fmt):
     x = jnp.linspace(-1.0, 1.0, 12, dtype=jnp.float32).reshape(3, 4)
     np.testing.assert_array_equal(jax.vmap(fmt.encode)(x), fmt.encode(x))

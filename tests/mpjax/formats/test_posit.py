@@ -49,10 +49,10 @@ def test_posit_encode_matches_softposit_on_every_value_and_tie(case):
     mids = (vals[1:] + vals[:-1]) / 2  # ties in value
     geo = np.sqrt(vals[1:] * vals[:-1])  # ties where exponent bits are cut off
     geo = geo[np.isfinite(geo) & (geo > 0)]
-    x = np.concatenate([vals, mids, geo]).astype(np.float32)
-    x = np.concatenate(
-        [x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf))]
-    )
+    ties = np.concatenate([mids, geo]).astype(np.float32)
+    up = np.nextafter(ties, np.float32(np.inf))
+    down = np.nextafter(ties, np.float32(-np.inf))
+    x = np.unique(np.concatenate([vals.astype(np.float32), ties, up, down]))
     got = np.asarray(jax.jit(fmt.encode)(x))
     np.testing.assert_array_equal(got, _sp_encode(name, x))
 
