@@ -176,10 +176,20 @@ class Policy:
     Python-scalar leaves are returned unchanged, and leaves already in the target
     dtype are not copied.
 
+    Each dtype may be given as a ``numpy``/``jax.numpy`` dtype or scalar type, a
+    name of the policy grammar (``"bf16"``, ``"float8_e4m3fn"``, see
+    :func:`parse_dtype`), or a native :class:`mpjax.formats.NumberFormat`
+    (``get_format("bfloat16")``); encoded formats such as ``fp16s`` or posits
+    are rejected, since arrays cannot be cast to them.
+
     Args:
       param_dtype: dtype of stored (master) parameters.
       compute_dtype: dtype the model computes in.
       output_dtype: dtype of the model's outputs (e.g. the loss).
+
+    Raises:
+      ValueError: for unknown names, non-floating dtypes or encoded formats.
+      TypeError: for values that are not dtype-like.
 
     >>> p = Policy("float32", "bfloat16", "float32")
     >>> str(p)

@@ -77,14 +77,15 @@ def test_policy_accepts_dtype_likes_and_is_frozen():
 
 
 def test_policy_accepts_native_number_format_and_rejects_encoded_one():
-    @dataclasses.dataclass(frozen=True)
-    class Fmt:  # the attributes Policy reads from an mpjax.formats.NumberFormat
-        name: str
-        storage_dtype: np.dtype
+    from mpjax import formats
 
-    assert mpjax.Policy(F32, Fmt("bfloat16", BF16), F32).compute_dtype == BF16
-    with pytest.raises(ValueError, match="not a native dtype"):
-        mpjax.Policy(F32, Fmt("fp16s", F16), F32)
+    policy = mpjax.Policy(F32, formats.get_format("bfloat16"), F32)
+    assert policy.compute_dtype == BF16
+    e4m3 = formats.get_format("float8_e4m3fn")
+    assert mpjax.Policy(F32, e4m3, F32).compute_dtype == np.dtype(jnp.float8_e4m3fn)
+    for name in ("fp16s", "fp16c", "posit16"):
+        with pytest.raises(ValueError, match="not a native dtype"):
+            mpjax.Policy(F32, formats.get_format(name), F32)
 
 
 def test_cast_touches_only_floating_leaves():
