@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import softposit as sp
 
 from mpjax import formats
-
-sp = pytest.importorskip("softposit")
 
 NAR = 0x8000
 
