@@ -88,8 +88,13 @@ def _is_float_array(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _is_inexact_array(x: Any) -> bool:
+    """Real or complex floating array: the gradient leaves that carry the scale."""
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
 def _is_differentiable(x: Any) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.floating)
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
 
 
 def _zero_grad(x: Any) -> Any:
@@ -102,23 +107,25 @@ def _zero_grad(x: Any) -> Any:
 
 
 def _wide(dtype: Any) -> np.dtype:
-    """float32, or the dtype itself when it is wider (float64)."""
+    """float32, or the dtype itself when it is wider (float64) or complex."""
     dtype = np.dtype(dtype)
-    return dtype if dtype.itemsize > 4 else np.dtype(np.float32)
+    if dtype.itemsize > 4 or jnp.issubdtype(dtype, jnp.complexfloating):
+        return dtype
+    return np.dtype(np.float32)
 
 
 def _unscale(updates: Any, scale: jax.Array | None) -> tuple[Any, jax.Array]:
     """Divides floating leaves by ``scale`` in float32 (or float64) and checks them.
 
     Returns the unscaled tree, with every leaf in its original dtype, and a scalar
-    bool that is True when every floating leaf is finite. Non-floating leaves
-    (integer counters) pass through untouched and are not checked.
+    bool that is True when every floating (real or complex) leaf is finite.
+    Integer and boolean leaves (counters) pass through untouched and unchecked.
     """
     finite = jnp.array(True)
     out = []
     leaves, treedef = jax.tree.flatten(updates)
     for g in leaves:
-        if not _is_float_array(g):
+        if not _is_inexact_array(g):
             out.append(g)
             continue
         g = jnp.asarray(g)

@@ -501,3 +501,17 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(_loss_scaling)
     assert result.attempted >= 10 and result.failed == 0
+
+
+def test_complex_parameters_are_unscaled_too():
+    def loss_fn(p, x):
+        return jnp.sum(jnp.abs(p["z"] * x) ** 2) + jnp.sum(p["w"] ** 2)
+
+    params = {"z": jnp.array([1.0 + 1.0j, 2.0 - 1.0j]), "w": jnp.array([0.5, 1.5])}
+    x = jnp.array([1.0 + 0.0j, 0.5 + 0.5j])
+    opt = mpjax.static_loss_scaling(optax.sgd(0.1), 2.0**12)
+    loss, scaled = mpjax.scaled_value_and_grad(loss_fn)(params, 2.0**12, x)
+    updates, state = jax.jit(opt.update)(scaled, opt.init(params), params)
+    _, grads = jax.value_and_grad(loss_fn)(params, x)
+    chex.assert_trees_all_close(updates, jax.tree.map(lambda g: -0.1 * g, grads))
+    assert updates["z"].dtype == jnp.complex64 and int(state.skipped) == 0
