@@ -15,8 +15,11 @@ conventions for the top exponent field are supported:
 The encoder works on the integer bit pattern of the float32 (or, with x64, float64)
 input: rebias the exponent, round the mantissa to nearest with ties to even using
 the add-(half - 1)-plus-lsb trick (a carry into the exponent is the correct result),
-and round subnormals with an explicit variable shift. No floating-point arithmetic
-is involved, so results do not depend on the CPU's flush-to-zero mode.
+and round subnormals either with one float addition of a power of two (the FPU's
+own round-to-nearest-even; used when the format's smallest subnormal is at least
+2**-125, so that flush-to-zero of float32 subnormals cannot matter) or, for formats
+with subnormals in float32's subnormal range (bfloat16), with an integer variable
+shift.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ _NATIVE = {
 }
 
 _F32_MIN_NORMAL = 2.0**-126
+# Smallest subnormal quantum for which float addition rounds subnormals exactly:
+# every float32 subnormal must lie below half a quantum (see `_encode_bits`).
+_FLOAT_TRICK_MIN = 2.0**-125
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,11 +172,23 @@ class MinifloatFormat(NumberFormat):
         lsb = (an >> c(shift)) & c(1)
         normal = (an + c((1 << (shift - 1)) - 1) + lsb) >> c(shift)
 
-        # Subnormal results: significand (with hidden bit) shifted to the target's
-        # subnormal quantum 2**(1 - bias - m). Values far below it round to zero.
-        sig = (a & c(src.mantissa_mask)) | jnp.where(ef > c(0), c(1 << sm), c(0))
-        s = c(src.bias + sm + 1 - bias - m) - jnp.maximum(ef, c(1))
-        sub = rne_shift_right(sig, jnp.minimum(s, c(sm + 2)))
+        # Subnormal results: |x| / 2**(1 - bias - m) rounded to nearest even.
+        quantum = self.min_subnormal
+        if quantum >= _FLOAT_TRICK_MIN:
+            # Adding K = quantum * 2**sm makes the FPU round |x| to a multiple of
+            # the quantum (the ulp of K), and the low bits of the sum are the
+            # code. Exact for |x| < K; source subnormals, which a flush-to-zero
+            # CPU reads as 0, lie below half a quantum and round to 0 either way.
+            k = jnp.asarray(quantum * 2.0**sm, x.dtype)
+            k_bits = lax.bitcast_convert_type(k, src.uint)
+            magnitude = lax.bitcast_convert_type(a, x.dtype)
+            sub = lax.bitcast_convert_type(magnitude + k, src.uint) - k_bits
+        else:
+            # Integer path (subnormals of the target are float32 subnormals):
+            # the significand, with its hidden bit, shifted to the quantum.
+            sig = (a & c(src.mantissa_mask)) | jnp.where(ef > c(0), c(1 << sm), c(0))
+            s = c(src.bias + sm + 1 - bias - m) - jnp.maximum(ef, c(1))
+            sub = rne_shift_right(sig, jnp.minimum(s, c(sm + 2)))
         is_sub = ef < c(src.bias + 1 - bias)
         mag = jnp.where(is_sub, sub, normal)
 
