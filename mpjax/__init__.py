@@ -10,10 +10,10 @@ from mpjax._loss_scaling import (
     get_loss_scale,
     get_skipped_steps,
     no_loss_scaling,
-    scaled_value_and_grad,
     static_loss_scaling,
 )
 from mpjax._policy import Policy, get_policy
+from mpjax._scaled_grad import scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
 __all__ = [

@@ -20,12 +20,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mpjax._loss_scaling import (
-    get_loss_scale,
-    get_skipped_steps,
-    scaled_value_and_grad,
-)
+from mpjax._loss_scaling import get_loss_scale, get_skipped_steps
 from mpjax._policy import Policy, get_policy
+from mpjax._scaled_grad import scaled_value_and_grad
 
 __all__ = ["TrainState", "make_train_step"]
 

@@ -497,10 +497,11 @@ def test_variant_mixed_leaf_dtypes_keep_their_dtypes(variant):
 def test_docstring_examples_run():
     import doctest
 
-    from mpjax import _loss_scaling
+    from mpjax import _loss_scaling, _scaled_grad
 
-    result = doctest.testmod(_loss_scaling)
-    assert result.attempted >= 10 and result.failed == 0
+    for module in (_loss_scaling, _scaled_grad):
+        result = doctest.testmod(module)
+        assert result.attempted >= 3 and result.failed == 0, module.__name__
 
 
 def test_complex_parameters_are_unscaled_too():

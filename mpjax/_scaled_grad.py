@@ -1,0 +1,105 @@
+"""Value-and-gradient of a loss multiplied by a loss scale.
+
+:func:`scaled_value_and_grad` is the other half of the loss-scaling transforms in
+:mod:`mpjax._loss_scaling`: it produces the *scaled* gradients those transforms
+unscale, together with the unscaled loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from mpjax._loss_scaling import _is_float_array, _wide
+
+__all__ = ["scaled_value_and_grad"]
+
+
+def _is_differentiable(x: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _zero_grad(x: Any) -> Any:
+    """Gradient placeholder of a non-floating parameter leaf: zeros of its dtype
+    (integers, booleans), or float0 zeros for anything else (e.g. PRNG keys)."""
+    dtype = jnp.result_type(x)
+    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        return jnp.zeros_like(x)
+    return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
+
+
+def scaled_value_and_grad(
+    loss_fn: Callable[..., Any], *, has_aux: bool = False
+) -> Callable[..., tuple[Any, Any]]:
+    """Turns ``loss_fn(params, *args)`` into one returning scaled gradients.
+
+    The returned ``f(params, loss_scale, *args)`` multiplies the loss by
+    ``loss_scale`` in float32 before differentiating and returns ``(loss,
+    scaled_grads)`` (``((loss, aux), scaled_grads)`` with ``has_aux``), where
+    ``loss`` is the unscaled loss in its own dtype. Feed the gradients to a loss
+    scaler's ``update``, which unscales them. Only floating-point leaves of
+    ``params`` are differentiated; integer and boolean leaves (counters, masks)
+    get zero gradients of their own dtype, to be left alone by the optimizer (e.g.
+    ``optax.multi_transform`` with ``optax.set_to_zero()`` for them).
+
+    Args:
+      loss_fn: a function of ``(params, *args)`` returning a floating scalar (or
+        ``(scalar, aux)`` with ``has_aux``).
+      has_aux: whether ``loss_fn`` returns auxiliary data.
+
+    Returns:
+      The scaled value-and-grad function.
+
+    >>> f = scaled_value_and_grad(lambda w, x: jnp.sum(w * x))
+    >>> loss, g = f(jnp.ones(2), jnp.float32(8.0), jnp.arange(2.0))
+    >>> float(loss), g.tolist()
+    (1.0, [0.0, 8.0])
+    """
+    if not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn must be callable, got {type(loss_fn).__name__}; pass a "
+            "function loss_fn(params, *args) -> scalar."
+        )
+
+    def scaled_loss(
+        float_leaves: list[Any],
+        leaves: list[Any],
+        treedef: Any,
+        loss_scale: Any,
+        *args: Any,
+    ) -> tuple[Any, Any]:
+        it = iter(float_leaves)
+        merged = [next(it) if _is_differentiable(x) else x for x in leaves]
+        out = loss_fn(jax.tree.unflatten(treedef, merged), *args)
+        loss, aux = out if has_aux else (out, None)
+        if not _is_float_array(loss) or jnp.ndim(loss) != 0:
+            raise TypeError(
+                "loss_fn must return a floating scalar"
+                + (" as the first element of (loss, aux)" if has_aux else "")
+                + f", got {getattr(loss, 'dtype', type(loss).__name__)} with shape "
+                f"{jnp.shape(loss)}; reduce the loss (e.g. jnp.mean) and return it."
+            )
+        wide = _wide(loss.dtype)
+        scale = lax.stop_gradient(jnp.asarray(loss_scale, jnp.float32)).astype(wide)
+        return loss.astype(wide) * scale, (loss, aux)
+
+    grad_fn = jax.grad(scaled_loss, has_aux=True)
+
+    def value_and_scaled_grad(
+        params: Any, loss_scale: Any, *args: Any
+    ) -> tuple[Any, Any]:
+        leaves, treedef = jax.tree.flatten(params)
+        float_leaves = [x for x in leaves if _is_differentiable(x)]
+        float_grads, (loss, aux) = grad_fn(
+            float_leaves, leaves, treedef, loss_scale, *args
+        )
+        it = iter(float_grads)
+        grads = [next(it) if _is_differentiable(x) else _zero_grad(x) for x in leaves]
+        return ((loss, aux) if has_aux else loss), jax.tree.unflatten(treedef, grads)
+
+    return value_and_scaled_grad
