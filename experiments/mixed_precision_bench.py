@@ -88,7 +88,7 @@ _SETTINGS = {
         width=1024,
         layers=3,
         batch=256,
-        repeats=7,
+        repeats=15,
         steps_per_repeat=2,
         timing_checks=True,
     ),
@@ -291,8 +291,10 @@ def measure(settings: Settings, *, seed: int = 0) -> dict[str, Any]:
             losses[v.name] = [float(loss)]
 
         samples: dict[str, list[float]] = {v.name: [] for v in variants}
-        for _ in range(settings.repeats):
-            for v in variants:  # round-robin: every variant sees the same load
+        for r in range(settings.repeats):
+            # Round-robin, starting one variant later every round: each variant
+            # sees the same load and no variant always follows the same other one.
+            for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 run = compiled[v.name]
                 start = time.perf_counter()
                 for _ in range(settings.steps_per_repeat):
