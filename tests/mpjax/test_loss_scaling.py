@@ -516,3 +516,13 @@ def test_complex_parameters_are_unscaled_too():
     _, grads = jax.value_and_grad(loss_fn)(params, x)
     chex.assert_trees_all_close(updates, jax.tree.map(lambda g: -0.1 * g, grads))
     assert updates["z"].dtype == jnp.complex64 and int(state.skipped) == 0
+
+
+def test_float64_gradients_are_unscaled_in_float64(x64):
+    # 1e-300 is far below float32's range: unscaling in float32 would flush it to 0.
+    opt = mpjax.static_loss_scaling(optax.sgd(1.0), 2.0**10)
+    params = {"w": jnp.zeros(2, jnp.float64)}
+    grads = {"w": jnp.full(2, 1e-300 * 2.0**10, jnp.float64)}
+    updates, _ = jax.jit(opt.update)(grads, opt.init(params), params)
+    assert updates["w"].dtype == jnp.float64
+    np.testing.assert_array_equal(updates["w"], -1e-300)

@@ -237,3 +237,18 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(_policy)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_policy_is_a_valid_static_jit_argument():
+    traces = []
+
+    def f(x, policy):
+        traces.append(policy)
+        return policy.cast_to_compute(x)
+
+    f = jax.jit(f, static_argnums=1)
+    x = jnp.ones(2)
+    assert f(x, mpjax.get_policy("mixed_bfloat16")).dtype == BF16
+    assert f(x, mpjax.Policy("f32", "bf16", "f32")).dtype == BF16  # equal: cached
+    assert f(x, mpjax.get_policy("mixed_float16")).dtype == F16
+    assert len(traces) == 2
