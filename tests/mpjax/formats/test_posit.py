@@ -100,7 +100,7 @@ def test_posit_encode_of_float64_matches_softposit(case, x64):
 
 
 def test_posit_generic_sizes_round_trip():
-    for nbits, es in ((8, 0), (8, 2), (12, 3), (5, 1)):
+    for nbits, es in ((8, 0), (8, 2), (12, 3), (5, 1), (5, 3)):
         fmt = formats.posit(nbits, es)
         assert fmt.storage_dtype == (np.uint8 if nbits <= 8 else np.uint16)
         codes = np.arange(2**nbits, dtype=np.uint32).astype(fmt.storage_dtype)
@@ -108,3 +108,5 @@ def test_posit_generic_sizes_round_trip():
         real = codes != 1 << (nbits - 1)
         np.testing.assert_array_equal(np.asarray(fmt.encode(vals))[real], codes[real])
         assert vals[1] == fmt.min_subnormal and vals[(1 << (nbits - 1)) - 1] == fmt.max
+        one = 1 << (nbits - 2)  # the code of 1.0
+        assert vals[one] == 1.0 and vals[one + 1] - 1.0 == fmt.epsilon
