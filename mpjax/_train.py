@@ -85,11 +85,14 @@ def _check_optimizer(optimizer: Any) -> None:
 
 
 def _global_norm_unscaled(grads: Any, scale: jax.Array) -> jax.Array:
-    squares = [
-        jnp.sum(jnp.square(g.astype(jnp.float32) / scale))
-        for g in jax.tree.leaves(grads)
-        if hasattr(g, "dtype") and jnp.issubdtype(g.dtype, jnp.floating)
-    ]
+    """Global L2 norm of ``grads / scale``, accumulated in float32."""
+    squares = []
+    for g in jax.tree.leaves(grads):
+        if not (hasattr(g, "dtype") and jnp.issubdtype(g.dtype, jnp.inexact)):
+            continue  # integer parameters carry no gradient
+        if jnp.issubdtype(g.dtype, jnp.complexfloating):
+            g = jnp.abs(g)
+        squares.append(jnp.sum(jnp.square(g.astype(jnp.float32) / scale)))
     if not squares:
         return jnp.zeros((), jnp.float32)
     return jnp.sqrt(sum(squares[1:], squares[0]))
@@ -121,6 +124,9 @@ def make_train_step(
       output dtype), ``"loss_scale"`` (the scale used for this step),
       ``"grad_norm"`` (global norm of the unscaled gradients; Inf/NaN on a
       skipped step), a bool ``"skipped"``, and ``"aux"`` with ``has_aux``.
+      ``state.step`` counts calls, skipped ones included. The step donates
+      nothing: compile it with ``jax.jit(step, donate_argnums=0)`` to update the
+      state in place.
 
     Raises:
       TypeError: if ``loss_fn`` is not callable or ``optimizer`` is not an optax
