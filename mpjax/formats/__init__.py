@@ -23,6 +23,23 @@ posit16, posit16_es2
     posit<16,1> (older SoftPosit convention) and posit<16,2> (2022 standard);
     NaR = 0x8000, NaN/Inf encode to NaR, no non-zero value rounds to 0 or NaR.
 
+Special values per format (encode):
+
+=============  ======================  ==================  ===============
+format         finite overflow         NaN input           -0.0
+=============  ======================  ==================  ===============
+float64/32/16  +-Inf                   NaN                 -0.0
+bfloat16       +-Inf                   NaN                 -0.0
+float8_e5m2    +-Inf                   NaN                 -0.0
+float8_e4m3fn  NaN (no Inf code)       NaN (0x7F/0xFF)     -0.0
+fp16s          +-Inf (beyond ~2)       NaN                 -0.0
+fp16c          +-max (saturates)       0x7FFF (+max)       -0.0 (0x8000)
+posit16(_es2)  +-maxpos (saturates)    NaR (0x8000)        0 (one zero)
+=============  ======================  ==================  ===============
+
+Inf input gives Inf where the format has it, else the overflow column (posits:
+NaR). Posits also never round a non-zero value to 0 (it becomes +-minpos).
+
 All rounding is to nearest, ties to even. Minifloats keep signed zeros; posits
 have a single zero. Inputs may be float16, bfloat16, float32 or (with x64)
 float64; without x64, JAX has already turned float64 data into float32 before
