@@ -505,6 +505,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(
+            f"--json {args.json}: directory {args.json.parent} does not exist; "
+            "create it or write the file elsewhere."
+        )
     scale = "full" if args.full else "quick"
     results = measure(settings_for(scale), seed=args.seed)
     checks = _checks(results)
