@@ -174,7 +174,7 @@ def _bench_figure(bench: dict[str, Any], path: Path) -> None:
     ax = axes[0, 0]
     rows = bench["rows"]
     names = [r["name"] for r in rows]
-    ax.bar(names, [r["ratio"] for r in rows], color="tab:blue")
+    ax.bar(names, [r["ratio_paired"] for r in rows], color="tab:blue")
     for i, r in enumerate(rows):
         if r["target"] is not None:
             ax.plot([i - 0.4, i + 0.4], [r["target"]] * 2, color="tab:red", lw=2)
@@ -224,7 +224,7 @@ def run(
                     r["meets_target"]
                 )
 
-    ratios = {r["name"]: r["ratio"] for r in bench["rows"]}
+    ratios = {r["name"]: r["ratio_paired"] for r in bench["rows"]}
     rows = []
     for f in facts:
         name = f["name"]
@@ -290,8 +290,8 @@ def _report(
 
 Facts of every registered format, the largest relative rounding error measured
 over its normal range (posits: over [1, 2]), and the encode + decode time relative
-to a float32 copy of the same array (same run; median of {bench["repeats"]} repeats
-after warm-up).
+to a float32 copy of the same array (same run; the median over
+{bench["repeats"]} rounds of the per-round ratio, after warm-up).
 
 {table}
 
