@@ -44,6 +44,7 @@ from typing import Any
 __all__ = [
     "DEFAULT_RESULTS_DIR",
     "PIPELINES",
+    "QUICK_BUDGET_S",
     "SCALES",
     "SCALE_ENV_VAR",
     "PipelineOutcome",
@@ -65,6 +66,16 @@ PIPELINES: Mapping[str, str] = {
     "amp": "experiments.amp",
     "lbm_accuracy": "experiments.lbm_accuracy",
     "lbm_performance": "experiments.lbm_performance",
+}
+
+#: Wall-time budget (seconds) of each pipeline at the quick scale on a 2-core CPU;
+#: together they make the ten-minute budget of ``reproduce --quick``.
+QUICK_BUDGET_S: Mapping[str, float] = {
+    "formats": 30.0,
+    "mixed_precision_bench": 60.0,
+    "amp": 240.0,
+    "lbm_accuracy": 180.0,
+    "lbm_performance": 60.0,
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "full")
@@ -420,6 +431,8 @@ def write_top_level_report(
         "scale": scale,
         "seed": seed,
         "total_wall_s": total,
+        "quick_budget_s": dict(QUICK_BUDGET_S),
+        "load_average_end": list(os.getloadavg()),
         "passed": all(o.passed for o in outcomes),
         "pipelines": {
             o.name: {
@@ -442,18 +455,29 @@ def write_top_level_report(
         f"{summary['environment']['backend']} "
         f"({summary['environment']['device_kind']}).",
         "",
-        "| pipeline | status | checks passed | wall time (s) | report |",
-        "|---|---|---|---:|---|",
+        "| pipeline | status | checks passed | wall time (s) | quick budget (s) "
+        "| report |",
+        "|---|---|---|---:|---:|---|",
     ]
     for o in outcomes:
         status = "error" if o.error else ("pass" if o.passed else "FAIL")
         n_ok = sum(o.checks.values())
+        budget = QUICK_BUDGET_S.get(o.name)
+        budget_text = f"{budget:.0f}" if budget is not None else "-"
         report = f"[{o.name}/REPORT.md]({o.name}/REPORT.md)" if o.out_dir else "-"
         lines.append(
             f"| {o.name} | {status} | {n_ok}/{len(o.checks)} | {o.wall_s:.1f} | "
-            f"{report} |"
+            f"{budget_text} | {report} |"
         )
-    lines += ["", f"Total wall time: {total:.1f} s.", ""]
+    load = os.getloadavg()
+    lines += [
+        "",
+        f"Total wall time: {total:.1f} s (quick budget: "
+        f"{sum(QUICK_BUDGET_S.values()):.0f} s on a 2-core CPU). Load average at "
+        f"the end (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on "
+        f"{os.cpu_count()} logical CPUs; wall times grow with a busy machine.",
+        "",
+    ]
     for o in outcomes:
         failed = [k for k, v in o.checks.items() if not v]
         if failed:

@@ -75,9 +75,9 @@ _SETTINGS = {
         bandwidth_mib=16,
     ),
     "quick": Settings(
-        grids=(("D2Q9", 256), ("D3Q19", 32), ("D3Q19", 64)),
+        grids=(("D2Q9", 256), ("D3Q19", 64)),
         storages=("fp64", "fp32", "fp16s", "fp16c"),
-        updates=3e6,
+        updates=2e6,
         repeats=5,
         bandwidth_mib=128,
     ),
