@@ -46,6 +46,7 @@ __all__ = [
     "gradient_underflow",
     "make_tasks",
     "run",
+    "time_side_by_side",
     "train",
 ]
 
@@ -68,7 +69,7 @@ class _Settings:
 
 _SETTINGS = {
     "tiny": _Settings(20, 32, 32, 4, 1, 32, 1, 16, 8),
-    "quick": _Settings(200, 128, 128, 8, 2, 64, 2, 32, 16),
+    "quick": _Settings(150, 128, 128, 8, 1, 64, 1, 32, 16),
     "full": _Settings(3000, 512, 512, 64, 2, 256, 4, 128, 64),
 }
 
@@ -188,12 +189,15 @@ class RunRecord:
         losses: training loss per step (float32, as reported by the step).
         loss_scales: loss scale used at each step.
         skipped: number of steps skipped for non-finite gradients.
-        step_time_s: median wall time of one compiled step after warm-up.
+        step_time_s: median wall time of one compiled step after warm-up, over
+            the training loop (:func:`run` replaces it by a side-by-side timing).
         memory: XLA's compiled memory statistics of the step, in bytes
             (``argument``, ``temp``, ``output``).
         eval_loss: held-out loss at the end, computed under the same policy.
         eval_metric: held-out metric (accuracy for the classifier) or ``None``.
         params: final float32 master parameters (an ``nnx.State``).
+        time_step: runs one more compiled step from the final state (discarding
+            the result) and returns its wall time in seconds.
     """
 
     policy: str
@@ -205,6 +209,7 @@ class RunRecord:
     eval_loss: float
     eval_metric: float | None
     params: Any
+    time_step: Callable[[], float] = dataclasses.field(repr=False, compare=False)
 
 
 def _optimizer(policy: mpjax.Policy, learning_rate: float, steps: int):
@@ -291,6 +296,12 @@ def train(
         metrics.append(m)
     host = jax.device_get(metrics)
     eval_loss, eval_metric = _evaluate(task, policy, loss_fn, predict, state.params)
+
+    def time_step() -> float:
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(state, batches[-1]))
+        return time.perf_counter() - start
+
     return RunRecord(
         policy=str(policy),
         losses=np.array([m["loss"] for m in host], np.float32),
@@ -301,7 +312,34 @@ def train(
         eval_loss=eval_loss,
         eval_metric=eval_metric,
         params=state.params,
+        time_step=time_step,
     )
+
+
+def time_side_by_side(
+    records: dict[str, RunRecord], *, repeats: int = 7
+) -> dict[str, float]:
+    """Median step times of several runs, measured interleaved in one loop.
+
+    Each repeat times one step of every run in turn, so a load change on a shared
+    machine affects all runs alike and their ratios stay meaningful.
+
+    Args:
+        records: runs by label, e.g. by policy.
+        repeats: number of timed rounds (>= 5 recommended).
+
+    Returns:
+        ``{label: median seconds per step}``.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}.")
+    for rec in records.values():  # warm-up
+        rec.time_step()
+    times: dict[str, list[float]] = {label: [] for label in records}
+    for _ in range(repeats):
+        for label, rec in records.items():
+            times[label].append(rec.time_step())
+    return {label: float(np.median(t)) for label, t in times.items()}
 
 
 def gradient_underflow(
@@ -407,7 +445,11 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
     records: dict[str, dict[str, RunRecord]] = {}
     underflow: dict[str, dict[float, float]] = {}
     for name, task in tasks.items():
-        records[name] = {p: train(task, p) for p in POLICIES}
+        runs = {p: train(task, p) for p in POLICIES}
+        timed = time_side_by_side(runs, repeats=9)
+        records[name] = {
+            p: dataclasses.replace(r, step_time_s=timed[p]) for p, r in runs.items()
+        }
         fp16 = records[name]["mixed_float16"]
         final_scale = float(fp16.loss_scales[-1])
         underflow[name] = gradient_underflow(
@@ -440,6 +482,7 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
                     name,
                     policy,
                     rec.step_time_s * 1e3,
+                    rec.step_time_s / reference.step_time_s,
                     mem["argument"] / 2**20,
                     mem["temp"] / 2**20,
                     float(np.mean(rec.losses[-max(1, len(rec.losses) // 10) :])),
@@ -473,6 +516,7 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
         "network",
         "policy",
         "step ms",
+        "time / f32",
         "args MiB",
         "temps MiB",
         "train loss",
@@ -501,7 +545,9 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
         "with `mpjax.apply_policy` (LayerNorm/GroupNorm and attention softmax in "
         "float32) and trained with `mpjax.make_train_step` and Adam; "
         "`mixed_float16` wraps Adam in `mpjax.dynamic_loss_scaling`. Step time is "
-        "the median of the compiled step after warm-up; memory is XLA's compiled "
+        "the median of 9 rounds in which the compiled steps of the three policies are "
+        "timed in turn after warm-up (ratios stay fair on a shared machine); memory "
+        "is XLA's compiled "
         "memory analysis of the step (arguments, temporaries).",
         "",
         table,
