@@ -297,8 +297,9 @@ to a float32 copy of the same array (same run; the median over
 
 "max rel. error" must not exceed epsilon / 2 (round to nearest). The throughput
 ratio counts both directions: encode reads 4 and writes 2 bytes per value, decode
-reads 2 and writes 4, a copy reads and writes 4, so 1.5x is the memory-bound floor
-for a 16-bit format.
+reads 2 and writes 4, a copy reads and writes 4, so for arrays much larger than the
+caches 1.5x is the memory-bound floor for a 16-bit format (smaller arrays partly
+stay in cache, and timings on a shared machine are noisy).
 
 ## Throughput
 
