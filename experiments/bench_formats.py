@@ -9,7 +9,8 @@ the median over the rounds. The ratio `(encode + decode) / copy` is the headline
 taken within each round and then the median over rounds (robust against load that
 drifts between rounds; the ratio of the median times is reported alongside):
 a copy reads and writes 4 bytes per value, encode + decode of a 16-bit format
-moves 4 + 2 + 2 + 4 bytes, so 1.5x is the memory-bound floor for 16 bits.
+moves 4 + 2 + 2 + 4 bytes, so 1.5x is the memory-bound floor for 16 bits once the
+arrays are much larger than the caches (as at the default 2**26 values).
 
 Targets (issue #2, a 2-core AVX2/F16C CPU): float16 and fp16s within 2x of the
 copy; fp16c and the posits within 6x.
