@@ -28,8 +28,16 @@ __all__ = [
     "width_figure",
 ]
 
-#: Schaefer & Turek (1996) 2D-2 reference range of the Strouhal number.
-STROUHAL_RANGE = (0.295, 0.305)
+#: Reference ranges of the Strouhal number per cylinder case: Schaefer & Turek
+#: (1996) 2D-2 for the confined case, the unconfined cylinder at Re = 100.
+STROUHAL_RANGE: dict[str, tuple[float, float]] = {
+    "cylinder": (0.295, 0.305),
+    "cylinder_unconfined": (0.164, 0.169),
+}
+_REFERENCE_NAME = {
+    "cylinder": "Schaefer-Turek 2D-2",
+    "cylinder_unconfined": "unconfined, Re 100",
+}
 
 
 def metric(record: dict[str, Any], key: str) -> float:
@@ -133,8 +141,13 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
     return save_figure(fig, out / "cavity_centrelines.png")
 
 
-def cylinder_figure(records: list[dict[str, Any]], out: Path) -> Path:
-    """Lift-coefficient signal and Strouhal number per storage policy."""
+def cylinder_figure(
+    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
+) -> Path:
+    """Lift-coefficient signal and Strouhal number per storage policy.
+
+    Writes ``<case>.png``; ``case`` selects the Strouhal reference range.
+    """
     fig, axes = new_figure(1, 2, size=(6.0, 4.0))
     ax_sig, ax_st = axes[0]
     for r in records:
@@ -148,14 +161,14 @@ def cylinder_figure(records: list[dict[str, Any]], out: Path) -> Path:
         ax_sig.legend(fontsize="x-small")
     st = [metric(r, "strouhal") for r in records]
     ax_st.bar(range(len(st)), [v if math.isfinite(v) else 0.0 for v in st])
-    low, high = STROUHAL_RANGE
-    ax_st.axhspan(low, high, color="tab:green", alpha=0.3, label="Schaefer-Turek 2D-2")
+    low, high = STROUHAL_RANGE[case]
+    ax_st.axhspan(low, high, color="tab:green", alpha=0.3, label=_REFERENCE_NAME[case])
     ax_st.set_xticks(
         range(len(st)), [r["label"] for r in records], rotation=60, ha="right"
     )
     ax_st.set(ylabel="Strouhal number", title="Karman street: Strouhal number")
     ax_st.legend(fontsize="x-small")
-    return save_figure(fig, out / "cylinder.png")
+    return save_figure(fig, out / f"{case}.png")
 
 
 def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
