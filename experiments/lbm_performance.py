@@ -207,7 +207,7 @@ def _figure(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     ax, ax_frac = axes[0]
     width = 0.8 / len(storages)
     for j, storage in enumerate(storages):
-        xs, ys, fr = [], [], []
+        xs, ys, fr, roof = [], [], [], []
         for i, grid in enumerate(grids):
             match = [r for r in rows if (r["lattice"], r["n"]) == grid]
             match = [r for r in match if r["storage"] == storage]
@@ -215,13 +215,23 @@ def _figure(rows: list[dict[str, Any]], out_dir: Path) -> Path:
                 xs.append(i + (j - (len(storages) - 1) / 2) * width)
                 ys.append(match[0]["mlups"])
                 fr.append(match[0]["roofline_fraction"])
+                roof.append(match[0]["roofline_mlups"])
         ax.bar(xs, ys, width, label=storage)
+        ax.hlines(
+            roof,
+            [x - width / 2 for x in xs],
+            [x + width / 2 for x in xs],
+            colors="k",
+            lw=1.2,
+            label="bandwidth roofline" if j == 0 else None,
+        )
         ax_frac.bar(xs, fr, width, label=storage)
     labels = [f"{lat}\n{n}^{2 if lat.startswith('D2') else 3}" for lat, n in grids]
     for a in (ax, ax_frac):
         a.set_xticks(range(len(grids)), labels)
         a.grid(axis="y", alpha=0.3)
-    ax.set_ylabel("MLUPs (median)")
+    ax.set_yscale("log")
+    ax.set_ylabel("MLUPs (median; black: roofline)")
     ax.set_title("Lattice updates per second")
     ax.legend(fontsize="small")
     ax_frac.axhline(1.0, color="k", lw=0.8, ls="--")
