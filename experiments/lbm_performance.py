@@ -75,7 +75,7 @@ _SETTINGS = {
         bandwidth_mib=16,
     ),
     "quick": Settings(
-        grids=(("D2Q9", 256), ("D3Q19", 64)),
+        grids=(("D2Q9", 128), ("D2Q9", 512), ("D3Q19", 64)),
         storages=("fp64", "fp32", "fp16s", "fp16c"),
         updates=2e6,
         repeats=5,
