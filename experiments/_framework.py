@@ -24,6 +24,7 @@ hidden ``"tiny"`` scale for tests, selected with the environment variable
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib
@@ -36,7 +37,7 @@ import subprocess
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -261,35 +262,31 @@ class PipelineOutcome:
         return self.error is None and all(self.checks.values())
 
 
-class fresh_directory:  # noqa: N801 - used like a function in ``with``
-    """Context manager that yields an empty temporary directory next to ``final``.
+@contextlib.contextmanager
+def fresh_directory(final: Path) -> Iterator[Path]:
+    """Yield an empty temporary directory that replaces ``final`` on success.
 
-    On a clean exit the temporary directory replaces ``final``; an existing ``final``
-    is kept as ``<final>.prev`` (replacing an older ``.prev``). On an exception the
+    The temporary directory is a hidden sibling of ``final`` (same filesystem, so
+    the final rename is atomic). On a clean exit an existing ``final`` is kept as
+    ``<final>.prev`` (replacing an older ``.prev``) and the temporary directory
+    takes its place. On an exception (including ``KeyboardInterrupt``) the
     temporary directory is deleted and ``final`` is left untouched.
     """
-
-    def __init__(self, final: Path) -> None:
-        self.final = Path(final)
-        self.tmp = self.final.with_name(
-            f".{self.final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        )
-
-    def __enter__(self) -> Path:
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir()
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        if self.final.exists():
-            prev = self.final.with_name(self.final.name + ".prev")
-            if prev.exists():
-                shutil.rmtree(prev)
-            os.replace(self.final, prev)
-        os.replace(self.tmp, self.final)
+    final = Path(final)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        prev = final.with_name(final.name + ".prev")
+        if prev.exists():
+            shutil.rmtree(prev)
+        os.replace(final, prev)
+    os.replace(tmp, final)
 
 
 def _load_run(name: str, pipelines: Mapping[str, str | RunFn]) -> RunFn:

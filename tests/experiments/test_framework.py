@@ -185,3 +185,19 @@ def test_main_usage_errors_exit_2(argv, tmp_path, capsys):
 def test_main_list(capsys):
     assert main(["list"]) == 0
     assert capsys.readouterr().out.split() == list(_framework.PIPELINES)
+
+
+def test_fresh_directory_interrupt_keeps_final(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with _framework.fresh_directory(final) as tmp:
+            (tmp / "new.txt").write_text("new")
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (final / "old.txt").read_text() == "old"
+    with _framework.fresh_directory(final) as tmp:
+        assert list(tmp.iterdir()) == []
+        (tmp / "new.txt").write_text("new")
+    assert (final / "new.txt").exists() and (tmp_path / "out.prev/old.txt").exists()
