@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -51,24 +52,26 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mpjax._policy import Policy, get_policy, parse_dtype
+
 __all__ = ["apply_policy", "policy_apply"]
 
 _M = TypeVar("_M", bound=nnx.Module)
 
 # Normalisation layers keep their statistics, scale and output in float32: variance
 # sums of bf16/fp16 activations lose most of their digits.
-_DEFAULT_OVERRIDES: Mapping[type, str] = {
-    nnx.LayerNorm: "float32",
-    nnx.RMSNorm: "float32",
-    nnx.BatchNorm: "float32",
-    nnx.GroupNorm: "float32",
-}
+_DEFAULT_OVERRIDES: Mapping[type, str] = types.MappingProxyType(
+    {
+        nnx.LayerNorm: "float32",
+        nnx.RMSNorm: "float32",
+        nnx.BatchNorm: "float32",
+        nnx.GroupNorm: "float32",
+    }
+)
 
 
-def _resolve(spec: Any, what: str) -> Any:
+def _resolve(spec: Any, what: str) -> Policy:
     """Resolves a policy spec with :func:`mpjax.get_policy`, naming ``what``."""
-    from mpjax import get_policy  # late import: mpjax/__init__ imports this module
-
     try:
         return get_policy(spec)
     except (TypeError, ValueError) as err:
@@ -77,8 +80,6 @@ def _resolve(spec: Any, what: str) -> Any:
 
 def _floating_dtype(value: Any, what: str) -> jnp.dtype:
     """A floating dtype from a dtype, a type or a policy dtype name (``"bf16"``)."""
-    from mpjax._policy import parse_dtype
-
     try:
         dtype = parse_dtype(value) if isinstance(value, str) else jnp.dtype(value)
     except (TypeError, ValueError) as err:
@@ -223,7 +224,7 @@ def _policy_class(cls: type) -> type:
     )
 
 
-def _check_overrides(overrides: Any) -> dict[type, Any]:
+def _check_overrides(overrides: Any) -> dict[type, Policy]:
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, Mapping):
@@ -246,14 +247,18 @@ def _check_overrides(overrides: Any) -> dict[type, Any]:
     return merged
 
 
-def _override_for(module: nnx.Module, overrides: Mapping[type, Any]) -> Any:
+def _override_for(
+    module: nnx.Module, overrides: Mapping[type, Policy]
+) -> Policy | None:
     for cls in _original_class(type(module)).__mro__:
         if cls in overrides:
             return overrides[cls]
     return None
 
 
-def _configure(module: nnx.Module, policy: Any, softmax_dtype: Any) -> None:
+def _configure(
+    module: nnx.Module, policy: Policy, softmax_dtype: jnp.dtype | None
+) -> None:
     """Sets the dtype attributes and hooks of one module for ``policy``."""
     attributes = vars(module)
     if "dtype" in attributes:
@@ -278,9 +283,9 @@ def _configure(module: nnx.Module, policy: Any, softmax_dtype: Any) -> None:
 
 def apply_policy(
     model: _M,
-    policy: Any,
+    policy: Policy | str | Any,
     *,
-    overrides: Mapping[type, Any] | None = None,
+    overrides: Mapping[type, Policy | str] | None = None,
     attention_softmax_dtype: Any = jnp.float32,
 ) -> _M:
     """Returns a copy of a Flax NNX module that computes under a precision policy.
@@ -334,7 +339,7 @@ def apply_policy(
     copy = nnx.clone(model)
     nodes = list(nnx.iter_graph(copy))
     modules = {path: node for path, node in nodes if isinstance(node, nnx.Module)}
-    effective: dict[tuple, Any] = {}
+    effective: dict[tuple, Policy] = {}
     for path in sorted(modules, key=len):
         module = modules[path]
         parent = next(
@@ -366,7 +371,9 @@ def apply_policy(
     return copy
 
 
-def policy_apply(apply_fn: Callable[..., Any], policy: Any) -> Callable[..., Any]:
+def policy_apply(
+    apply_fn: Callable[..., Any], policy: Policy | str | Any
+) -> Callable[..., Any]:
     """Wraps a linen-style ``apply(params, *args, **kwargs)`` function in a policy.
 
     The wrapper casts the floating-point leaves of ``params`` and of the positional
