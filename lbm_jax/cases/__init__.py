@@ -41,7 +41,7 @@ import numpy as np
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
-__all__ = ["CASES", "CaseResult", "prepare_case", "run_case"]
+__all__ = ["CASES", "CaseResult", "CaseSetup", "prepare_case", "run_case"]
 
 #: Names of the available cases.
 CASES: tuple[str, ...] = _common.case_names()
