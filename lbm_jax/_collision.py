@@ -115,10 +115,13 @@ def parse_collision(
 
 
 def direction_constants(
-    lattice: Lattice, dtype: np.dtype, ndim: int
+    lattice: Lattice, dtype: np.dtype, ndim: int, axis: int = 0
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Weights and velocity components as ``(Q, 1, ..., 1)`` NumPy constants."""
-    shape = (lattice.q,) + (1,) * ndim
+    """Weights and velocity components as NumPy constants broadcasting against
+    populations of rank ``ndim + 1`` whose direction axis is ``axis``."""
+    shape = [1] * (ndim + 1)
+    shape[axis] = lattice.q
+    shape = tuple(shape)
     w = lattice.w.astype(dtype).reshape(shape)
     cs = [lattice.c[:, a].astype(dtype).reshape(shape) for a in range(lattice.d)]
     return w, cs
@@ -129,41 +132,49 @@ def _add_tuples(a: tuple, b: tuple) -> tuple:
 
 
 def moments(
-    lattice: Lattice, f: jax.Array, *, shift: bool
+    lattice: Lattice, f: jax.Array, *, shift: bool, axis: int = 0
 ) -> tuple[jax.Array, list[jax.Array]]:
     """Density and momentum of stacked populations, via one ``lax.reduce``.
 
     Args:
         lattice: Velocity set.
-        f: Populations ``(Q, *grid)`` in the compute dtype (shifted if ``shift``).
+        f: Populations in the compute dtype (shifted if ``shift``), with the
+            direction axis at ``axis``, e.g. ``(Q, *grid)``.
         shift: Whether ``f`` holds DDF-shifted populations.
+        axis: Position of the direction axis.
 
     Returns:
-        ``(rho, [j_x, j_y, ...])`` with grid-shaped arrays; ``j = sum_i c_i f_i``
-        (the shift cancels in the momentum).
+        ``(rho, [j_x, j_y, ...])``, arrays of ``f``'s shape without ``axis``;
+        ``j = sum_i c_i f_i`` (the shift cancels in the momentum).
     """
-    _, cs = direction_constants(lattice, f.dtype, f.ndim - 1)
+    _, cs = direction_constants(lattice, f.dtype, f.ndim - 1, axis)
     operands = (f,) + tuple(f * c for c in cs)
     zero = np.zeros((), f.dtype)
-    sums = lax.reduce(operands, (zero,) * len(operands), _add_tuples, (0,))
+    sums = lax.reduce(operands, (zero,) * len(operands), _add_tuples, (axis,))
     rho = sums[0] + 1 if shift else sums[0]
     return rho, list(sums[1:])
 
 
 def equilibrium(
-    lattice: Lattice, rho: jax.Array, u: list[jax.Array], *, shift: bool
+    lattice: Lattice,
+    rho: jax.Array,
+    u: list[jax.Array],
+    *,
+    shift: bool,
+    axis: int = 0,
 ) -> jax.Array:
-    """Second-order equilibrium, shape ``(Q, *grid)``.
+    """Second-order equilibrium, shape ``(Q, *grid)`` (direction axis at ``axis``).
 
     Args:
         lattice: Velocity set.
         rho: Density, grid-shaped.
         u: Velocity components, each grid-shaped.
         shift: Return the DDF-shifted equilibrium ``f_eq - w``.
+        axis: Where to put the direction axis.
     """
-    w, cs = direction_constants(lattice, rho.dtype, rho.ndim)
-    r = _lead(rho)
-    u = [_lead(ui) for ui in u]
+    w, cs = direction_constants(lattice, rho.dtype, rho.ndim, axis)
+    r = _expand(rho, axis)
+    u = [_expand(ui, axis) for ui in u]
     cu = sum(c * ui for c, ui in zip(cs, u, strict=True))
     usq = sum(ui * ui for ui in u)
     poly = 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
@@ -179,6 +190,7 @@ def collide(
     *,
     shift: bool,
     force: list[jax.Array] | None = None,
+    axis: int = 0,
 ) -> tuple[jax.Array, jax.Array, list[jax.Array]]:
     """Relax populations towards equilibrium (BGK or TRT), with Guo forcing.
 
@@ -189,31 +201,32 @@ def collide(
         shift: Whether ``f`` is DDF-shifted.
         force: Optional body-force density components (each broadcastable to the
             grid); Guo's scheme, with velocity ``u = (sum_i c_i f_i + F/2)/rho``.
+        axis: Position of the direction axis of ``f``.
 
     Returns:
         ``(f_post, rho, u)``: post-collision populations and the macroscopic fields
         used by the collision.
     """
     dtype = f.dtype
-    rho, j = moments(lattice, f, shift=shift)
+    rho, j = moments(lattice, f, shift=shift, axis=axis)
     inv_rho = 1 / rho
     if force is None:
         u = [ji * inv_rho for ji in j]
     else:
         u = [(ji + 0.5 * fi) * inv_rho for ji, fi in zip(j, force, strict=True)]
-    feq = equilibrium(lattice, rho, u, shift=shift)
+    feq = equilibrium(lattice, rho, u, shift=shift, axis=axis)
     neq = f - feq
     wp = np.asarray(model.omega_plus, dtype)
     if model.kind is Collision.BGK:
         out = f - wp * neq
     else:
         wm = np.asarray(model.omega_minus, dtype)
-        neq_opp = _reverse(lattice, neq)
+        neq_opp = reverse(lattice, neq, axis)
         out = f - (0.5 * wp) * (neq + neq_opp) - (0.5 * wm) * (neq - neq_opp)
     if force is not None:
-        w, cs = direction_constants(lattice, dtype, f.ndim - 1)
-        ul = [_lead(ui) for ui in u]
-        fl = [_lead(fi) for fi in force]
+        w, cs = direction_constants(lattice, dtype, f.ndim - 1, axis)
+        ul = [_expand(ui, axis) for ui in u]
+        fl = [_expand(fi, axis) for fi in force]
         cu = sum(c * ui for c, ui in zip(cs, ul, strict=True))
         cf = sum(c * fi for c, fi in zip(cs, fl, strict=True))
         uf = sum(ui * fi for ui, fi in zip(ul, fl, strict=True))
@@ -225,11 +238,14 @@ def collide(
     return out, rho, u
 
 
-def _lead(x: jax.Array) -> jax.Array:
-    """Add a leading direction axis to a grid-shaped array (scalars pass)."""
-    return x[None] if jnp.ndim(x) else x
+def _expand(x: jax.Array, axis: int) -> jax.Array:
+    """Insert the direction axis into a grid-shaped array (scalars pass)."""
+    return jnp.expand_dims(x, axis) if jnp.ndim(x) else x
 
 
-def _reverse(lattice: Lattice, f: jax.Array) -> jax.Array:
-    """Populations of the opposite directions, ``f[opposite]``, without a gather."""
-    return jnp.stack([f[int(o)] for o in lattice.opposite])
+def reverse(lattice: Lattice, f: jax.Array, axis: int = 0) -> jax.Array:
+    """Populations of the opposite directions, ``f[opposite]`` along ``axis``."""
+    return jnp.stack(
+        [lax.index_in_dim(f, int(o), axis, keepdims=False) for o in lattice.opposite],
+        axis=axis,
+    )

@@ -46,7 +46,7 @@ class InstabilityError(RuntimeError):
 
 
 def _make_runner(sim: Simulation, check_every: int) -> Callable[..., Any]:
-    step = sim._kernel  # noqa: SLF001 - the driver is part of the core
+    advance = sim._advance_f  # noqa: SLF001 - the driver is part of the core
 
     def chunk(aux: Any, state: LBMState, steps: jax.Array):
         t_end = state.t + steps
@@ -58,7 +58,7 @@ def _make_runner(sim: Simulation, check_every: int) -> Callable[..., Any]:
         def body(carry):
             s, _, _ = carry
             k = jnp.minimum(check_every, t_end - s.t)
-            f = jax.lax.fori_loop(0, k, lambda _, f: step(aux, f), s.f)
+            f = advance(aux, s.f, k)
             s = LBMState(f=f, t=s.t + k)
             ok = sim.healthy(s)
             return s, jnp.where(ok, -1, s.t), s.t - k

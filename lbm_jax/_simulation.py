@@ -39,12 +39,12 @@ from jax.typing import ArrayLike
 from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
 from lbm_jax._collision import (
     CollisionModel,
-    collide,
     direction_constants,
     equilibrium,
     moments,
     parse_collision,
 )
+from lbm_jax._kernel import default_slab, from_layout, make_step_into, to_layout
 from lbm_jax._lattice import CS2, Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy, get_storage
 
@@ -127,6 +127,8 @@ class Simulation:
         boundary_density: Density of ``EQUILIBRIUM`` cells, scalar or grid-shaped.
         boundary_velocity: Velocity of ``EQUILIBRIUM`` cells, ``(D,)`` or
             ``(D, *shape)``.
+        slab: Tuning knob: x-planes per cache tile of the compiled step; by
+            default chosen from the plane size. Results do not depend on it.
 
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau <= 1/2``, velocities
@@ -150,6 +152,7 @@ class Simulation:
         wall_velocity: ArrayLike | None = None,
         boundary_density: ArrayLike = 1.0,
         boundary_velocity: ArrayLike | None = None,
+        slab: int | None = None,
     ) -> None:
         lat = get_lattice(lattice)
         if isinstance(shape, int) or not all(
@@ -227,11 +230,31 @@ class Simulation:
         self._cell_type.setflags(write=False)
         self._force = fvec
         self._wall_velocity = uw
+        if slab is None:
+            slab = default_slab(lat, shape, pol.compute_dtype.itemsize)
+        elif (
+            isinstance(slab, bool)
+            or not isinstance(slab, int | np.integer)
+            or not 1 <= slab <= shape[0]
+        ):
+            raise ValueError(f"slab must be an int in [1, {shape[0]}], got {slab!r}.")
+        bnd = build_boundary(lat, pol, ct, uw, rb, ub)
         self._aux = _Aux(
-            boundary=build_boundary(lat, pol, ct, uw, rb, ub),
+            boundary=BoundaryData(*(None if a is None else to_layout(a) for a in bnd)),
             force=None
             if fvec is None or fvec.ndim == 1
-            else jnp.asarray(fvec.astype(pol.compute_dtype)),
+            else to_layout(jnp.asarray(fvec.astype(pol.compute_dtype))),
+        )
+        self._slab = int(slab)
+        self._step_into = make_step_into(
+            lat,
+            pol,
+            model,
+            shape,
+            self._slab,
+            None
+            if fvec is None or fvec.ndim != 1
+            else [np.asarray(v, pol.compute_dtype) for v in fvec],
         )
         self._advance = jax.jit(self._advance_impl, donate_argnums=(1,))
         self._runners: dict[int, Any] = {}
@@ -289,15 +312,6 @@ class Simulation:
         )
 
     # -- state construction and read-out ----------------------------------------
-    def _force_components(
-        self, aux: _Aux, dtype: np.dtype
-    ) -> list[np.ndarray] | list[jax.Array] | None:
-        if self._force is None:
-            return None
-        if aux.force is not None:
-            return list(aux.force)
-        return [np.asarray(fa, dtype) for fa in self._force]
-
     def init(self, rho: ArrayLike = 1.0, u: ArrayLike | None = None) -> LBMState:
         """Equilibrium initial state at ``t = 0``.
 
@@ -334,17 +348,14 @@ class Simulation:
             fc = [np.asarray(fa, dtype) for fa in self._force]
             fc = [fa[None] if fa.ndim else fa for fa in fc]
             feq = feq + 1.5 * w * sum(c * fa for c, fa in zip(cs, fc, strict=True))
-        f = self._storage.encode(feq)
+        f = to_layout(self._storage.encode(feq))
         bnd = self._aux.boundary
         if bnd.fixed is not None:
             f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
-        return LBMState(f=self._to_layout(f), t=jnp.zeros((), jnp.int32))
-
-    def _to_layout(self, f: jax.Array) -> jax.Array:
-        return f
+        return LBMState(f=f, t=jnp.zeros((), jnp.int32))
 
     def _from_layout(self, f: jax.Array) -> jax.Array:
-        return f
+        return from_layout(f)
 
     def populations(self, state: LBMState) -> jax.Array:
         """Decoded, unshifted post-collision populations ``(Q, *shape)``."""
@@ -358,49 +369,39 @@ class Simulation:
 
     def fields(self, state: LBMState) -> tuple[jax.Array, jax.Array]:
         """Density ``(*shape)`` and velocity ``(D, *shape)`` at time ``state.t``."""
-        f = self._storage.decode(self._from_layout(state.f))
-        rho, j = moments(self._lattice, f, shift=self._storage.shift)
-        fc = self._force_components(self._aux, f.dtype)
-        if fc is not None:
+        f = self._storage.decode(state.f)
+        rho, j = moments(self._lattice, f, shift=self._storage.shift, axis=1)
+        if self._force is not None:
+            fc = (
+                [np.asarray(v, f.dtype) for v in self._force]
+                if self._aux.force is None
+                else [self._aux.force[:, a] for a in range(self._lattice.d)]
+            )
             j = [ji - 0.5 * fa for ji, fa in zip(j, fc, strict=True)]
         return rho, jnp.stack([ji / rho for ji in j])
 
     # -- the compiled step ------------------------------------------------------
-    def _kernel(self, aux: _Aux, fs: jax.Array) -> jax.Array:
-        """One step on stored populations in the native layout."""
-        lat, pol = self._lattice, self._storage
-        bnd = aux.boundary
-        axes = tuple(range(len(self._shape)))
-        streamed = [
-            jnp.roll(fs[i], tuple(int(v) for v in ci), axis=axes)
-            for i, ci in enumerate(lat.c)
-        ]
-        f = pol.decode(jnp.stack(streamed))
-        if bnd.bounce is not None:
-            local = pol.decode(fs)
-            reflected = jnp.stack([local[int(o)] for o in lat.opposite])
-            if bnd.wall_term is not None:
-                reflected = reflected + bnd.wall_term
-            f = jnp.where(bnd.bounce, reflected, f)
-        out, _, _ = collide(
-            lat,
-            self._model,
-            f,
-            shift=pol.shift,
-            force=self._force_components(aux, f.dtype),
-        )
-        stored = pol.encode(out)
-        if bnd.fixed is not None:
-            stored = jnp.where(bnd.fixed_mask, bnd.fixed, stored)
-        return stored
-
     def step(self, state: LBMState) -> LBMState:
         """One fused streaming + collision step (pure, jit-able)."""
-        return LBMState(f=self._kernel(self._aux, state.f), t=state.t + 1)
+        g = self._step_into(self._aux, state.f, jnp.zeros_like(state.f))
+        return LBMState(f=g, t=state.t + 1)
+
+    def _advance_f(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
+        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
+        g = jnp.zeros_like(f)
+
+        def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):
+            f, g = fg
+            g = self._step_into(aux, f, g)
+            return self._step_into(aux, g, f), g
+
+        f, g = jax.lax.fori_loop(0, steps // 2, pair, (f, g))
+        return jax.lax.cond(
+            steps % 2 == 1, lambda: self._step_into(aux, f, g), lambda: f
+        )
 
     def _advance_impl(self, aux: _Aux, state: LBMState, steps: jax.Array) -> LBMState:
-        f = jax.lax.fori_loop(0, steps, lambda _, f: self._kernel(aux, f), state.f)
-        return LBMState(f=f, t=state.t + steps)
+        return LBMState(f=self._advance_f(aux, state.f, steps), t=state.t + steps)
 
     def advance(self, state: LBMState, steps: int) -> LBMState:
         """Run ``steps`` steps in one compiled loop (donates ``state``'s buffers).
@@ -418,8 +419,9 @@ class Simulation:
         """True when every density is finite and positive (jit-able, no sync)."""
         rho, _ = moments(
             self._lattice,
-            self._storage.decode(self._from_layout(state.f)),
+            self._storage.decode(state.f),
             shift=self._storage.shift,
+            axis=1,
         )
         return jnp.all(jnp.isfinite(rho) & (rho > 0))
 
