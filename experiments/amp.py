@@ -406,10 +406,10 @@ def _figures(out_dir: Path, records: dict[str, dict[str, RunRecord]]) -> list[st
     for col, (name, runs) in enumerate(records.items()):
         top, bottom = axes[0, col], axes[1, col]
         reference = runs["float32"].losses
-        for policy, rec in runs.items():
-            top.plot(rec.losses, label=policy, linewidth=1.0, alpha=0.85)
+        for i, (policy, rec) in enumerate(runs.items()):
+            top.plot(rec.losses, f"C{i}", label=policy, linewidth=1.0, alpha=0.85)
             if policy != "float32":
-                bottom.plot(rec.losses - reference, label=policy, linewidth=1.0)
+                bottom.plot(rec.losses - reference, f"C{i}", label=policy, lw=1.0)
         top.set_yscale("log")
         top.set_title(name)
         top.set_ylabel("training loss")

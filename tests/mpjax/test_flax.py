@@ -195,6 +195,43 @@ def test_apply_policy_softmax_dtype_is_configurable(net, x):
     assert untouched.attention.attention_fn is nnx.dot_product_attention
 
 
+@pytest.fixture(scope="module")
+def gqa():
+    # 4 query heads sharing 2 key/value heads.
+    return nnx.MultiHeadAttention(4, 8, num_kv_heads=2, decode=False, rngs=nnx.Rngs(3))
+
+
+def test_apply_policy_attention_matches_flax_with_gqa_and_causal_mask(gqa, x):
+    h = x[..., :4].repeat(2, axis=-1)  # (2, 5, 8)
+    reference = gqa(h, is_causal=True)
+    ours = mpjax.apply_policy(gqa, "float32")
+    assert ours.attention_fn is not nnx.dot_product_attention
+    np.testing.assert_allclose(ours(h, is_causal=True), reference, atol=1e-5)
+
+
+def test_apply_policy_attention_sows_float32_weights(gqa, x):
+    h = x[..., :4].repeat(2, axis=-1)
+    mixed = mpjax.apply_policy(gqa, "mixed_float16")
+    forward = nnx.capture(lambda m, h: m(h, sow_weights=True), nnx.Intermediate)
+    out, captured = forward(mixed, h)
+    (weights,) = captured["attention_weights"].get_value()
+    assert out.dtype == F32 and weights.dtype == F32
+    assert weights.shape == (2, 4, 5, 5)
+    np.testing.assert_allclose(jnp.sum(weights, axis=-1), 1.0, rtol=1e-6)
+
+
+def test_apply_policy_attention_dropout_is_applied(x):
+    layer = nnx.MultiHeadAttention(
+        2, 8, dropout_rate=0.5, decode=False, rngs=nnx.Rngs(0)
+    )
+    mixed = mpjax.apply_policy(layer, "mixed_bfloat16")
+    h = x[..., :4].repeat(2, axis=-1)
+    kept = mixed(h, deterministic=True)
+    dropped = mixed(h, deterministic=False, rngs=nnx.Rngs(dropout=1))
+    assert dropped.dtype == F32 and bool(jnp.all(jnp.isfinite(dropped)))
+    assert float(jnp.max(jnp.abs(dropped - kept))) > 1e-2
+
+
 def test_apply_policy_rejects_a_non_module():
     with pytest.raises(TypeError, match="NNX module.*got dict.*policy_apply"):
         mpjax.apply_policy({"w": jnp.ones(2)}, "mixed_bfloat16")
