@@ -120,3 +120,29 @@ def test_float16_without_loss_scaling_loses_gradients(tasks, runs):
     assert lost[scale] == 0.0
     bf16 = amp.gradient_underflow(task, "mixed_bfloat16", params, (1.0,), batch=sampled)
     assert bf16[1.0] == 0.0  # bfloat16 has float32's exponent range
+
+
+def test_bundled_data_is_deterministic_and_well_formed():
+    a, b = _data.digits(seed=3), _data.digits(seed=3)
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    assert a.x_train.shape[1] == 64 and len(a.x_train) + len(a.x_test) == 1797
+    assert 0.0 <= a.x_train.min() and a.x_train.max() <= 1.0
+    assert not np.array_equal(_data.digits(seed=4).y_test, a.y_test)
+    noisy = _data.noisy_digits(seed=3)
+    assert noisy.x_train.shape == noisy.y_train.shape == (len(a.x_train), 8, 8, 1)
+    np.testing.assert_array_equal(noisy.y_train[..., 0].reshape(-1, 64), a.x_train)
+    codes = _data.python_text()
+    assert codes.min() >= 0 and codes.max() < _data.ASCII_VOCAB
+    tokens, targets = _data.char_windows(codes, length=8, count=4, seed=0)
+    again, _ = _data.char_windows(codes, length=8, count=4, seed=0)
+    np.testing.assert_array_equal(tokens, again)
+    np.testing.assert_array_equal(tokens[:, 1:], targets[:, :-1])
+
+
+def test_bundled_data_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="test_fraction.*got 1.5"):
+        _data.digits(test_fraction=1.5)
+    with pytest.raises(ValueError, match="longer than length"):
+        _data.char_windows(np.arange(5), length=8, count=1, seed=0)
+    with pytest.raises(ValueError, match="at least one module"):
+        _data.python_text(())
