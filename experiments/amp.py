@@ -101,7 +101,10 @@ class Task:
     metric: str | None = None
 
 
-def _sample(split_x, split_y, *, steps: int, batch: int, seed: int) -> tuple:
+def _sample(
+    split_x: np.ndarray, split_y: np.ndarray, *, steps: int, batch: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded minibatches (with replacement) stacked as ``(steps, batch, ...)``."""
     rng = np.random.default_rng(seed)
     index = rng.integers(0, len(split_x), size=(steps, batch))
     return split_x[index], split_y[index]
@@ -212,7 +215,9 @@ class RunRecord:
     time_step: Callable[[], float] = dataclasses.field(repr=False, compare=False)
 
 
-def _optimizer(policy: mpjax.Policy, learning_rate: float, steps: int):
+def _optimizer(
+    policy: mpjax.Policy, learning_rate: float, steps: int
+) -> optax.GradientTransformationExtraArgs:
     inner = optax.adam(learning_rate)
     if policy.compute_dtype == jnp.float16:
         # Grow the scale a few times per run instead of jmp's 2000-step period.
@@ -236,7 +241,10 @@ def _bind(task: Task, policy: mpjax.Policy) -> tuple[Callable, Any, Callable]:
     return loss_fn, params, predict
 
 
-def _evaluate(task: Task, policy: mpjax.Policy, loss_fn, predict, params):
+def _evaluate(
+    task: Task, policy: mpjax.Policy, loss_fn: Callable, predict: Callable, params: Any
+) -> tuple[float, float | None]:
+    """Held-out loss (and accuracy for classifiers) under ``policy``."""
     batch = task.eval_batch
 
     @jax.jit
