@@ -52,7 +52,13 @@ def from_layout(a: jax.Array) -> jax.Array:
 
 
 def default_slab(lattice: Lattice, shape: tuple[int, ...], itemsize: int) -> int:
-    """Number of x-planes per slab for a grid (at least 1, at most X)."""
+    """Number of x-planes per slab for a grid (at least 1, at most X).
+
+    On CPUs the slab is sized for cache; on accelerators, which run one kernel
+    over the whole grid in parallel, a single slab covers the grid.
+    """
+    if jax.default_backend() != "cpu":
+        return int(shape[0])
     plane = lattice.q * int(np.prod(shape[1:])) * itemsize
     slab = max(1, min(_MAX_SLAB, _SLAB_BYTES // max(plane, 1)))
     return int(min(slab, shape[0]))
@@ -65,7 +71,7 @@ def make_step_into(
     shape: tuple[int, ...],
     slab: int,
     constant_force: list[np.ndarray] | None,
-) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
+) -> Callable[..., jax.Array]:
     """Build ``step_into(aux, f, g) -> g'``: one step from ``f`` written into ``g``.
 
     Args:
@@ -79,6 +85,8 @@ def make_step_into(
 
     ``aux`` carries the boundary arrays and force field in kernel layout. ``f`` and
     ``g`` are stored populations ``(X, Q, *rest)``; ``g``'s content is overwritten.
+    ``halos``, when given, are the planes just left and right of ``f`` (from the
+    neighbouring sub-domains); otherwise ``f`` wraps around periodically in x.
     """
     nx = shape[0]
     rest = shape[1:]
@@ -90,10 +98,15 @@ def make_step_into(
     dirs = [tuple(int(v) for v in ci) for ci in lattice.c]
     rest_axes = tuple(range(1, 1 + len(rest)))
 
-    def stream(f: jax.Array, x0: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def stream(
+        f: jax.Array, x0: jax.Array, halos: tuple[jax.Array, jax.Array] | None
+    ) -> tuple[jax.Array, jax.Array]:
         left = lax.dynamic_slice_in_dim(f, (x0 + (nx - 1)) % nx, 1, 0)
         main = lax.dynamic_slice_in_dim(f, x0, b, 0)
         right = lax.dynamic_slice_in_dim(f, (x0 + b) % nx, 1, 0)
+        if halos is not None:  # neighbouring sub-domains' edge planes
+            left = jnp.where(x0 == 0, halos[0], left)
+            right = jnp.where(x0 + b == nx, halos[1], right)
         haloed = jnp.concatenate([left, main, right], axis=0)
         scratch = main  # resting populations are already in place
         for i, ci in enumerate(dirs):
@@ -105,9 +118,15 @@ def make_step_into(
             scratch = lax.dynamic_update_slice_in_dim(scratch, piece[:, None], i, 1)
         return scratch, main
 
-    def slab_update(aux: Any, f: jax.Array, g: jax.Array, x0: jax.Array) -> jax.Array:
+    def slab_update(
+        aux: Any,
+        f: jax.Array,
+        g: jax.Array,
+        x0: jax.Array,
+        halos: tuple[jax.Array, jax.Array] | None,
+    ) -> jax.Array:
         bnd = aux.boundary
-        stored_in, main = stream(f, x0)
+        stored_in, main = stream(f, x0, halos)
         fs = storage.decode(stored_in)
         if bnd.bounce is not None:
             reflected = reverse(lattice, storage.decode(main), axis=1)
@@ -129,19 +148,24 @@ def make_step_into(
             )
         return lax.dynamic_update_slice_in_dim(g, stored, x0, 0)
 
-    def step_into(aux: Any, f: jax.Array, g: jax.Array) -> jax.Array:
+    def step_into(
+        aux: Any,
+        f: jax.Array,
+        g: jax.Array,
+        halos: tuple[jax.Array, jax.Array] | None = None,
+    ) -> jax.Array:
         if f.shape != (nx, q, *rest):
             raise ValueError(
                 f"populations have shape {f.shape}, expected {(nx, q, *rest)}."
             )
         if num_slabs == 1:
-            return slab_update(aux, f, g, jnp.asarray(0, jnp.int32))
+            return slab_update(aux, f, g, jnp.asarray(0, jnp.int32), halos)
 
         def body(k: jax.Array, g: jax.Array) -> jax.Array:
             # the last slab may overlap the previous one; recomputing planes from
             # the unchanged source writes identical values
             x0 = jnp.minimum(k * b, nx - b)
-            return slab_update(aux, f, g, x0)
+            return slab_update(aux, f, g, x0, halos)
 
         return lax.fori_loop(0, num_slabs, body, g)
 

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax.typing import ArrayLike
 
 from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
@@ -129,6 +130,11 @@ class Simulation:
             ``(D, *shape)``.
         slab: Tuning knob: x-planes per cache tile of the compiled step; by
             default chosen from the plane size. Results do not depend on it.
+        devices: Split the grid along x over this many local devices (each runs
+            its own sub-domain, halo planes travel by ``ppermute``); ``None`` uses
+            one device. On a CPU, start Python with
+            ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` to get ``N``
+            host devices. ``X`` must be divisible by ``devices``.
 
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau <= 1/2``, velocities
@@ -153,6 +159,7 @@ class Simulation:
         boundary_density: ArrayLike = 1.0,
         boundary_velocity: ArrayLike | None = None,
         slab: int | None = None,
+        devices: int | None = None,
     ) -> None:
         lat = get_lattice(lattice)
         if isinstance(shape, int) or not all(
@@ -230,27 +237,37 @@ class Simulation:
         self._cell_type.setflags(write=False)
         self._force = fvec
         self._wall_velocity = uw
+        ndev = _check_devices(devices, shape[0])
+        local = (shape[0] // ndev, *shape[1:])
         if slab is None:
-            slab = default_slab(lat, shape, pol.compute_dtype.itemsize)
+            slab = default_slab(lat, local, pol.compute_dtype.itemsize)
         elif (
             isinstance(slab, bool)
             or not isinstance(slab, int | np.integer)
-            or not 1 <= slab <= shape[0]
+            or not 1 <= slab <= local[0]
         ):
-            raise ValueError(f"slab must be an int in [1, {shape[0]}], got {slab!r}.")
+            raise ValueError(
+                f"slab must be an int in [1, {local[0]}] (x-planes per device), "
+                f"got {slab!r}."
+            )
+        self._mesh = Mesh(np.array(jax.devices()[:ndev]), ("x",)) if ndev > 1 else None
         bnd = build_boundary(lat, pol, ct, uw, rb, ub)
-        self._aux = _Aux(
-            boundary=BoundaryData(*(None if a is None else to_layout(a) for a in bnd)),
-            force=None
-            if fvec is None or fvec.ndim == 1
-            else to_layout(jnp.asarray(fvec.astype(pol.compute_dtype))),
+        self._aux = self._place(
+            _Aux(
+                boundary=BoundaryData(
+                    *(None if a is None else to_layout(a) for a in bnd)
+                ),
+                force=None
+                if fvec is None or fvec.ndim == 1
+                else to_layout(jnp.asarray(fvec.astype(pol.compute_dtype))),
+            )
         )
         self._slab = int(slab)
         self._step_into = make_step_into(
             lat,
             pol,
             model,
-            shape,
+            local,
             self._slab,
             None
             if fvec is None or fvec.ndim != 1
@@ -352,7 +369,18 @@ class Simulation:
         bnd = self._aux.boundary
         if bnd.fixed is not None:
             f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
-        return LBMState(f=f, t=jnp.zeros((), jnp.int32))
+        return LBMState(f=self._place(f), t=jnp.zeros((), jnp.int32))
+
+    def _place(self, tree: Any) -> Any:
+        """Put x-leading arrays on the mesh, split along x (no-op on one device)."""
+        if self._mesh is None:
+            return tree
+        return jax.device_put(tree, NamedSharding(self._mesh, PartitionSpec("x")))
+
+    @property
+    def devices(self) -> int:
+        """Number of devices the grid is split over."""
+        return 1 if self._mesh is None else self._mesh.size
 
     def _from_layout(self, f: jax.Array) -> jax.Array:
         return from_layout(f)
@@ -381,24 +409,52 @@ class Simulation:
         return rho, jnp.stack([ji / rho for ji in j])
 
     # -- the compiled step ------------------------------------------------------
-    def step(self, state: LBMState) -> LBMState:
-        """One fused streaming + collision step (pure, jit-able)."""
-        g = self._step_into(self._aux, state.f, jnp.zeros_like(state.f))
-        return LBMState(f=g, t=state.t + 1)
+    def _local_step(self, aux: _Aux, f: jax.Array, g: jax.Array) -> jax.Array:
+        """One step on this device's sub-domain (exchanging halos when split)."""
+        if self._mesh is None:
+            return self._step_into(aux, f, g)
+        n = self._mesh.size
+        left = jax.lax.ppermute(f[-1:], "x", [(i, (i + 1) % n) for i in range(n)])
+        right = jax.lax.ppermute(f[:1], "x", [(i, (i - 1) % n) for i in range(n)])
+        return self._step_into(aux, f, g, (left, right))
 
-    def _advance_f(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
-        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
+    def _local_advance(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
         g = jnp.zeros_like(f)
 
         def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):
             f, g = fg
-            g = self._step_into(aux, f, g)
-            return self._step_into(aux, g, f), g
+            g = self._local_step(aux, f, g)
+            return self._local_step(aux, g, f), g
 
         f, g = jax.lax.fori_loop(0, steps // 2, pair, (f, g))
         return jax.lax.cond(
-            steps % 2 == 1, lambda: self._step_into(aux, f, g), lambda: f
+            steps % 2 == 1, lambda: self._local_step(aux, f, g), lambda: f
         )
+
+    def _sharded(self, fn: Any) -> Any:
+        if self._mesh is None:
+            return fn
+        x = PartitionSpec("x")
+        aux_spec = jax.tree.map(lambda _: x, self._aux)
+        return jax.shard_map(
+            fn,
+            mesh=self._mesh,
+            in_specs=(aux_spec, x, PartitionSpec()),
+            out_specs=x,
+        )
+
+    def step(self, state: LBMState) -> LBMState:
+        """One fused streaming + collision step (pure, jit-able)."""
+
+        def one(aux: _Aux, f: jax.Array, _: jax.Array) -> jax.Array:
+            return self._local_step(aux, f, jnp.zeros_like(f))
+
+        f = self._sharded(one)(self._aux, state.f, jnp.zeros((), jnp.int32))
+        return LBMState(f=f, t=state.t + 1)
+
+    def _advance_f(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
+        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
+        return self._sharded(self._local_advance)(aux, f, steps)
 
     def _advance_impl(self, aux: _Aux, state: LBMState, steps: jax.Array) -> LBMState:
         return LBMState(f=self._advance_f(aux, state.f, steps), t=state.t + steps)
@@ -424,6 +480,26 @@ class Simulation:
             axis=1,
         )
         return jnp.all(jnp.isfinite(rho) & (rho > 0))
+
+
+def _check_devices(devices: int | None, nx: int) -> int:
+    if devices is None:
+        return 1
+    if isinstance(devices, bool) or not isinstance(devices, int | np.integer):
+        raise TypeError(f"devices must be an int or None, got {devices!r}.")
+    available = len(jax.devices())
+    if not 1 <= devices <= available:
+        raise ValueError(
+            f"devices={devices} requested but {available} device(s) are available; "
+            "on a CPU start Python with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}."
+        )
+    if nx % devices:
+        raise ValueError(
+            f"the grid's x size {nx} is not divisible by devices={devices}; "
+            "choose a size that splits evenly."
+        )
+    return int(devices)
 
 
 def _check_steps(steps: int) -> int:

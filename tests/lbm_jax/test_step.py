@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import CellType, Simulation
+from lbm_jax import CellType, Simulation, run
 
 STORAGES = [
     "fp64",
@@ -164,3 +164,52 @@ def test_poiseuille_bgk_slip_off_magic_tau(x64):
     no_slip = g / (2 * nu) * y * (n - y)
     assert slip > 0.01 * no_slip.max()  # the effect is visible at this tau
     np.testing.assert_allclose(ux, no_slip + slip, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("lattice", "shape", "kwargs"),
+    [
+        ("D3Q19", (8, 5, 4), {"collision": "trt"}),
+        (
+            "D2Q9",
+            (12, 8),
+            {
+                "force": (1e-5, 0.0),
+                "cell_type": np.pad(
+                    np.zeros((12, 6), np.int8), ((0, 0), (1, 1)), constant_values=1
+                ),
+            },
+        ),
+    ],
+)
+def test_domain_split_over_two_devices_is_bit_identical(lattice, shape, kwargs):
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices (tests/conftest.py sets two host devices)")
+    results = []
+    for devices, slab in ((None, 3), (2, 2)):
+        sim = Simulation(
+            lattice,
+            shape,
+            tau=0.7,
+            storage="fp16s",
+            devices=devices,
+            slab=slab,
+            **kwargs,
+        )
+        state = sim.advance(_initial(sim, 4), 5)
+        state = run(sim, state, 4, check_every=3)
+        results.append(jax.device_get(state))
+        assert sim.devices == (devices or 1)
+    chex.assert_trees_all_equal(results[0], results[1])
+
+
+def test_devices_and_slab_validation():
+    with pytest.raises(ValueError, match="device\\(s\\) are available.*XLA_FLAGS"):
+        Simulation("D2Q9", (8, 8), tau=0.7, devices=len(jax.devices()) + 1)
+    if len(jax.devices()) >= 2:
+        with pytest.raises(ValueError, match="not divisible by devices=2"):
+            Simulation("D2Q9", (9, 8), tau=0.7, devices=2)
+    with pytest.raises(TypeError, match="devices must be an int"):
+        Simulation("D2Q9", (8, 8), tau=0.7, devices="2")
+    with pytest.raises(ValueError, match=r"slab must be an int in \[1, 8\]"):
+        Simulation("D2Q9", (8, 8), tau=0.7, slab=9)
