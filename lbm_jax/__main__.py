@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--collision", choices=("bgk", "trt"), default="bgk")
     bench.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="devices to split the box over (default: all, if n divides)",
+    )
+    bench.add_argument(
         "--all",
         action="store_true",
         help="every storage policy on D2Q9 1024^2 and D3Q19 128^3",
@@ -160,6 +166,15 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         ):
             if value < minimum:
                 raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+        if args.devices is not None:
+            if args.all:
+                raise ValueError("--devices applies to a single run, not to --all.")
+            available = jax.local_device_count()
+            if not 1 <= args.devices <= available or args.n % args.devices:
+                raise ValueError(
+                    f"--devices {args.devices}: need 1 <= devices <= {available} "
+                    f"(local devices) dividing --n {args.n}."
+                )
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {args.steps}.")
         if not args.all:
@@ -182,6 +197,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 steps=args.steps,
                 repeats=args.repeats,
                 collision=args.collision,
+                devices=args.devices,
             )
         report = {"bandwidth_gbs": result["bandwidth_gbs"], "results": [result]}
         results = [result]

@@ -97,6 +97,7 @@ def bench(
     shift: bool = True,
     collision: str = "bgk",
     bandwidth: float | None = None,
+    devices: int | None = None,
 ) -> dict[str, Any]:
     """Measure MLUPs of the compiled step on a periodic ``n^D`` box.
 
@@ -116,6 +117,10 @@ def bench(
         collision: ``"bgk"`` or ``"trt"``.
         bandwidth: Memory bandwidth in GB/s to use for the roofline; measured with
             :func:`measure_bandwidth` when ``None``.
+        devices: Local devices to split the box over (x-split, see
+            :class:`lbm_jax.Simulation`); ``None`` uses every local device when
+            ``n`` is divisible by their number, else one. On a CPU the command
+            line starts with one host device per core.
 
     Returns:
         A JSON-ready dict: ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
@@ -143,9 +148,19 @@ def bench(
         steps = _default_steps(cells)
     elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}.")
+    if devices is None:
+        available = jax.local_device_count()
+        devices = available if n % available == 0 else 1
+    sim = Simulation(
+        lat,
+        (n,) * lat.d,
+        tau=0.6,
+        storage=policy,
+        collision=collision,
+        devices=devices,
+    )
     if bandwidth is None:
         bandwidth = measure_bandwidth()
-    sim = Simulation(lat, (n,) * lat.d, tau=0.6, storage=policy, collision=collision)
     state = sim.init()
     holder = [jax.block_until_ready(sim.advance(state, steps))]  # compile + warm-up
 
@@ -178,7 +193,7 @@ def bench(
         "roofline_mlups": roofline,
         "roofline_fraction": mlups / roofline,
         "backend": jax.default_backend(),
-        "devices": jax.device_count(),
+        "devices": sim.devices,
     }
 
 

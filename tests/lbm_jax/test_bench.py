@@ -30,6 +30,17 @@ def test_bench_reports_mlups_and_bytes_per_cell(storage, bytes_per_cell):
     assert r["storage"] in table and "MLUPs" in table
 
 
+def test_bench_splits_over_local_devices_by_default():
+    import jax
+
+    r = bench("D2Q9", 32, "fp32", steps=2, repeats=1, bandwidth=10.0)
+    assert r["devices"] == jax.local_device_count()
+    r1 = bench("D2Q9", 33, "fp32", steps=2, repeats=1, bandwidth=10.0)
+    assert r1["devices"] == 1  # 33 is not divisible by 2 devices
+    with pytest.raises(ValueError, match="devices"):
+        bench("D2Q9", 32, "fp32", steps=2, devices=64, bandwidth=10.0)
+
+
 def test_bench_d3q19_bytes_per_cell():
     r = bench("D3Q19", 8, "fp16c", steps=2, repeats=1, bandwidth=10.0)
     assert r["bytes_per_cell"] == 2 * 19 * 2

@@ -85,6 +85,7 @@ def test_cli_no_shift_and_storage_are_recorded(tmp_path):
         (["bench", "--storage", "fp7"], "Unknown storage"),
         (["bench", "--lattice", "D4Q1"], "lattice"),
         (["bench", "--n", "2"], "at least 4"),
+        (["bench", "--n", "33", "--devices", "2"], "dividing"),
     ],
 )
 def test_cli_bad_input_exits_2_with_message(tmp_path, capsys, argv, message):
