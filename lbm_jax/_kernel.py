@@ -37,7 +37,7 @@ __all__ = ["default_slab", "make_step_into", "to_layout", "from_layout"]
 
 #: Slab size target: the decoded slab (B planes x Q x rest, compute dtype) should
 #: stay within about this many bytes so every pass over it hits cache.
-_SLAB_BYTES = 5 * 2**19
+_SLAB_BYTES = 3 * 2**19
 _MAX_SLAB = 64
 
 
