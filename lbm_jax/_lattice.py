@@ -9,7 +9,8 @@ set, so a typo in a table cannot go unnoticed.
 >>> lat = get_lattice("D2Q9")
 >>> lat.q, lat.d
 (9, 2)
->>> int(lat.opposite[1]) == int(lat.index((-1, 0)))
+>>> east = lat.index((1, 0))
+>>> int(lat.opposite[east]) == lat.index((-1, 0))
 True
 """
 
