@@ -23,8 +23,9 @@ from lbm_jax._observables import (
     vorticity,
 )
 from lbm_jax._run import InstabilityError, run
-from lbm_jax._simulation import MAX_MACH, LBMState, Simulation
+from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._storage import StoragePolicy, get_storage, list_storages
+from lbm_jax._validation import MAX_MACH
 
 __all__ = [
     "CS2",

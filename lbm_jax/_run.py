@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 from tqdm.auto import tqdm
 
-from lbm_jax._simulation import LBMState, Simulation, _check_steps
+from lbm_jax._simulation import LBMState, Simulation
+from lbm_jax._validation import check_steps
 
 __all__ = ["InstabilityError", "run"]
 
@@ -106,7 +107,7 @@ def run(
         raise TypeError(
             f"state must be an LBMState (from sim.init()), got {type(state).__name__}."
         )
-    steps = _check_steps(steps)
+    steps = check_steps(steps)
     check_every = _positive("check_every", check_every)
     if callback is not None and every is None:
         raise ValueError("callback needs every=<steps between calls>.")

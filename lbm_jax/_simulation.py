@@ -46,13 +46,20 @@ from lbm_jax._collision import (
     parse_collision,
 )
 from lbm_jax._kernel import default_slab, from_layout, make_step_into, to_layout
-from lbm_jax._lattice import CS2, Lattice, get_lattice
+from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy, get_storage
+from lbm_jax._validation import (
+    check_cell_type,
+    check_density,
+    check_devices,
+    check_shape,
+    check_slab,
+    check_speed,
+    check_steps,
+    vector_field,
+)
 
-__all__ = ["LBMState", "MAX_MACH", "Simulation"]
-
-#: Largest Mach number |u|/c_s accepted for prescribed velocities (low-Mach limit).
-MAX_MACH = 0.5
+__all__ = ["LBMState", "Simulation"]
 
 
 class _Aux(NamedTuple):
@@ -72,39 +79,6 @@ class LBMState(NamedTuple):
 
     f: jax.Array
     t: jax.Array
-
-
-def _vector_field(
-    name: str, value: ArrayLike | None, d: int, shape: tuple[int, ...]
-) -> np.ndarray:
-    """A ``(D,)`` vector or ``(D, *shape)`` field as a float64 ``(D, *shape)`` array."""
-    if value is None:
-        return np.zeros((d, *shape))
-    arr = np.asarray(value, dtype=np.float64)
-    if arr.shape == (d,):
-        arr = np.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
-    elif arr.shape != (d, *shape):
-        raise ValueError(
-            f"{name} must be a vector of shape ({d},) or a field of shape "
-            f"{(d, *shape)}, got shape {arr.shape}."
-        )
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains non-finite values.")
-    return np.array(arr)
-
-
-def _check_speed(name: str, u: np.ndarray, mask: np.ndarray | None = None) -> None:
-    speed = np.sqrt(np.sum(u * u, axis=0))
-    if mask is not None:
-        speed = np.where(mask, speed, 0.0)
-    limit = MAX_MACH * math.sqrt(CS2)
-    vmax = float(speed.max()) if speed.size else 0.0
-    if vmax > limit:
-        raise ValueError(
-            f"{name} reaches |u| = {vmax:.4g} lattice units, above the low-Mach "
-            f"limit {limit:.4g} (Mach {MAX_MACH}); lower the velocity and raise "
-            "the resolution or tau to keep the Reynolds number."
-        )
 
 
 class Simulation:
@@ -162,16 +136,7 @@ class Simulation:
         devices: int | None = None,
     ) -> None:
         lat = get_lattice(lattice)
-        if isinstance(shape, int) or not all(
-            isinstance(n, int | np.integer) and not isinstance(n, bool) for n in shape
-        ):
-            raise TypeError(f"shape must be a sequence of ints, got {shape!r}.")
-        shape = tuple(int(n) for n in shape)
-        if len(shape) != lat.d or min(shape) < 1:
-            raise ValueError(
-                f"shape {shape} does not fit lattice {lat.name}: expected {lat.d} "
-                "positive sizes."
-            )
+        shape = check_shape(shape, lat)
         if shift is None and isinstance(storage, StoragePolicy):
             pol = storage
         else:
@@ -179,53 +144,19 @@ class Simulation:
         pol.check_enabled()
         model = parse_collision(collision, tau, magic)
 
-        if cell_type is None:
-            ct = np.zeros(shape, dtype=np.int8)
-        else:
-            ct = np.asarray(cell_type)
-            if ct.shape != shape:
-                raise ValueError(
-                    f"cell_type has shape {ct.shape} but the grid is {shape}; pass "
-                    "one cell-type code per grid cell."
-                )
-            if ct.dtype == np.bool_:
-                ct = ct.astype(np.int8)  # True -> SOLID
-            if not np.issubdtype(ct.dtype, np.integer):
-                raise TypeError(
-                    f"cell_type must hold integer CellType codes (or bools for "
-                    f"solid), got dtype {ct.dtype}."
-                )
-            codes = {int(c) for c in CellType}
-            bad = sorted(set(np.unique(ct).tolist()) - codes)
-            if bad:
-                raise ValueError(
-                    f"cell_type contains unknown codes {bad}; valid codes are "
-                    f"{ {c.name: int(c) for c in CellType} }."
-                )
-            ct = ct.astype(np.int8)
-            if not np.any(ct == CellType.FLUID):
-                raise ValueError("cell_type has no FLUID cell.")
-
-        uw = _vector_field("wall_velocity", wall_velocity, lat.d, shape)
-        ub = _vector_field("boundary_velocity", boundary_velocity, lat.d, shape)
-        rb = np.asarray(boundary_density, dtype=np.float64)
-        if rb.shape not in ((), shape):
-            raise ValueError(
-                f"boundary_density must be a scalar or of shape {shape}, got "
-                f"shape {rb.shape}."
-            )
-        rb = np.broadcast_to(rb, shape)
-        if not np.all(np.isfinite(rb) & (rb > 0)):
-            raise ValueError("boundary_density must be finite and positive.")
-        _check_speed("wall_velocity", uw, ct == CellType.WALL)
-        _check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
+        ct = check_cell_type(cell_type, shape)
+        uw = vector_field("wall_velocity", wall_velocity, lat.d, shape)
+        ub = vector_field("boundary_velocity", boundary_velocity, lat.d, shape)
+        rb = check_density("boundary_density", boundary_density, shape)
+        check_speed("wall_velocity", uw, ct == CellType.WALL)
+        check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
         fvec = None
         if force is not None:
             farr = np.asarray(force, dtype=np.float64)
             if farr.shape == (lat.d,):
                 fvec = farr
             else:
-                fvec = _vector_field("force", farr, lat.d, shape)
+                fvec = vector_field("force", farr, lat.d, shape)
             if not np.all(np.isfinite(fvec)):
                 raise ValueError("force contains non-finite values.")
 
@@ -237,19 +168,11 @@ class Simulation:
         self._cell_type.setflags(write=False)
         self._force = fvec
         self._wall_velocity = uw
-        ndev = _check_devices(devices, shape[0])
+        ndev = check_devices(devices, shape[0])
         local = (shape[0] // ndev, *shape[1:])
         if slab is None:
             slab = default_slab(lat, local, pol.compute_dtype.itemsize)
-        elif (
-            isinstance(slab, bool)
-            or not isinstance(slab, int | np.integer)
-            or not 1 <= slab <= local[0]
-        ):
-            raise ValueError(
-                f"slab must be an int in [1, {local[0]}] (x-planes per device), "
-                f"got {slab!r}."
-            )
+        slab = check_slab(slab, local[0])
         self._mesh = Mesh(np.array(jax.devices()[:ndev]), ("x",)) if ndev > 1 else None
         bnd = build_boundary(lat, pol, ct, uw, rb, ub)
         self._aux = self._place(
@@ -342,17 +265,10 @@ class Simulation:
             ValueError: Shapes that do not fit the grid, non-positive density or a
                 velocity above the low-Mach limit.
         """
-        r = np.asarray(rho, dtype=np.float64)
-        if r.shape not in ((), self._shape):
-            raise ValueError(
-                f"rho must be a scalar or of shape {self._shape}, got {r.shape}."
-            )
-        if not np.all(np.isfinite(r) & (r > 0)):
-            raise ValueError("rho must be finite and positive everywhere.")
-        uu = _vector_field("u", u, self._lattice.d, self._shape)
-        _check_speed("initial velocity u", uu)
+        r = check_density("rho", rho, self._shape)
+        uu = vector_field("u", u, self._lattice.d, self._shape)
+        check_speed("initial velocity u", uu)
         dtype = self._storage.compute_dtype
-        r = np.broadcast_to(r, self._shape)
         feq = equilibrium(
             self._lattice,
             jnp.asarray(r.astype(dtype)),
@@ -468,7 +384,7 @@ class Simulation:
             steps: Number of steps (>= 0); a traced argument, so any value reuses
                 the same compiled program.
         """
-        steps = _check_steps(steps)
+        steps = check_steps(steps)
         return self._advance(self._aux, state, jnp.asarray(steps, jnp.int32))
 
     def healthy(self, state: LBMState) -> jax.Array:
@@ -480,31 +396,3 @@ class Simulation:
             axis=1,
         )
         return jnp.all(jnp.isfinite(rho) & (rho > 0))
-
-
-def _check_devices(devices: int | None, nx: int) -> int:
-    if devices is None:
-        return 1
-    if isinstance(devices, bool) or not isinstance(devices, int | np.integer):
-        raise TypeError(f"devices must be an int or None, got {devices!r}.")
-    available = len(jax.devices())
-    if not 1 <= devices <= available:
-        raise ValueError(
-            f"devices={devices} requested but {available} device(s) are available; "
-            "on a CPU start Python with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}."
-        )
-    if nx % devices:
-        raise ValueError(
-            f"the grid's x size {nx} is not divisible by devices={devices}; "
-            "choose a size that splits evenly."
-        )
-    return int(devices)
-
-
-def _check_steps(steps: int) -> int:
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer):
-        raise TypeError(f"steps must be an int, got {steps!r}.")
-    if steps < 0 or steps >= 2**31 - 1:
-        raise ValueError(f"steps must be in [0, 2**31 - 1), got {steps}.")
-    return int(steps)

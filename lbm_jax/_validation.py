@@ -1,0 +1,161 @@
+"""Host-side validation of simulation inputs (runs before anything is traced).
+
+Every check raises ``ValueError`` or ``TypeError`` with a message that says what was
+given, what is expected and how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.typing import ArrayLike
+
+from lbm_jax._boundaries import CellType
+from lbm_jax._lattice import CS2, Lattice
+
+__all__ = [
+    "MAX_MACH",
+    "check_cell_type",
+    "check_density",
+    "check_devices",
+    "check_shape",
+    "check_slab",
+    "check_speed",
+    "check_steps",
+    "vector_field",
+]
+
+#: Largest Mach number |u|/c_s accepted for prescribed velocities (low-Mach limit).
+MAX_MACH = 0.5
+
+
+def check_shape(shape: Sequence[int], lattice: Lattice) -> tuple[int, ...]:
+    """Validate a grid size against the lattice dimension."""
+    if isinstance(shape, int) or not all(
+        isinstance(n, int | np.integer) and not isinstance(n, bool) for n in shape
+    ):
+        raise TypeError(f"shape must be a sequence of ints, got {shape!r}.")
+    shape = tuple(int(n) for n in shape)
+    if len(shape) != lattice.d or min(shape) < 1:
+        raise ValueError(
+            f"shape {shape} does not fit lattice {lattice.name}: expected "
+            f"{lattice.d} positive sizes."
+        )
+    return shape
+
+
+def check_density(name: str, value: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
+    """A positive, finite scalar or grid-shaped density as a float64 grid."""
+    rho = np.asarray(value, dtype=np.float64)
+    if rho.shape not in ((), shape):
+        raise ValueError(
+            f"{name} must be a scalar or of shape {shape}, got shape {rho.shape}."
+        )
+    if not np.all(np.isfinite(rho) & (rho > 0)):
+        raise ValueError(f"{name} must be finite and positive everywhere.")
+    return np.broadcast_to(rho, shape)
+
+
+def check_slab(slab: int, nx: int) -> int:
+    """Validate the x-planes per slab (per device)."""
+    if isinstance(slab, bool) or not isinstance(slab, int | np.integer):
+        raise ValueError(f"slab must be an int in [1, {nx}], got {slab!r}.")
+    if not 1 <= slab <= nx:
+        raise ValueError(
+            f"slab must be an int in [1, {nx}] (x-planes per device), got {slab}."
+        )
+    return int(slab)
+
+
+def vector_field(
+    name: str, value: ArrayLike | None, d: int, shape: tuple[int, ...]
+) -> np.ndarray:
+    """A ``(D,)`` vector or ``(D, *shape)`` field as a float64 ``(D, *shape)`` array."""
+    if value is None:
+        return np.zeros((d, *shape))
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.shape == (d,):
+        arr = np.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
+    elif arr.shape != (d, *shape):
+        raise ValueError(
+            f"{name} must be a vector of shape ({d},) or a field of shape "
+            f"{(d, *shape)}, got shape {arr.shape}."
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains non-finite values.")
+    return np.array(arr)
+
+
+def check_speed(name: str, u: np.ndarray, mask: np.ndarray | None = None) -> None:
+    speed = np.sqrt(np.sum(u * u, axis=0))
+    if mask is not None:
+        speed = np.where(mask, speed, 0.0)
+    limit = MAX_MACH * math.sqrt(CS2)
+    vmax = float(speed.max()) if speed.size else 0.0
+    if vmax > limit:
+        raise ValueError(
+            f"{name} reaches |u| = {vmax:.4g} lattice units, above the low-Mach "
+            f"limit {limit:.4g} (Mach {MAX_MACH}); lower the velocity and raise "
+            "the resolution or tau to keep the Reynolds number."
+        )
+
+
+def check_cell_type(cell_type: ArrayLike | None, shape: tuple[int, ...]) -> np.ndarray:
+    """Validate a cell-type grid (bools mean SOLID); return it as int8."""
+    if cell_type is None:
+        return np.zeros(shape, dtype=np.int8)
+    ct = np.asarray(cell_type)
+    if ct.shape != shape:
+        raise ValueError(
+            f"cell_type has shape {ct.shape} but the grid is {shape}; pass "
+            "one cell-type code per grid cell."
+        )
+    if ct.dtype == np.bool_:
+        ct = ct.astype(np.int8)  # True -> SOLID
+    if not np.issubdtype(ct.dtype, np.integer):
+        raise TypeError(
+            f"cell_type must hold integer CellType codes (or bools for "
+            f"solid), got dtype {ct.dtype}."
+        )
+    codes = {int(c) for c in CellType}
+    bad = sorted(set(np.unique(ct).tolist()) - codes)
+    if bad:
+        raise ValueError(
+            f"cell_type contains unknown codes {bad}; valid codes are "
+            f"{ {c.name: int(c) for c in CellType} }."
+        )
+    ct = ct.astype(np.int8)
+    if not np.any(ct == CellType.FLUID):
+        raise ValueError("cell_type has no FLUID cell.")
+    return ct
+
+
+def check_devices(devices: int | None, nx: int) -> int:
+    if devices is None:
+        return 1
+    if isinstance(devices, bool) or not isinstance(devices, int | np.integer):
+        raise TypeError(f"devices must be an int or None, got {devices!r}.")
+    available = len(jax.devices())
+    if not 1 <= devices <= available:
+        raise ValueError(
+            f"devices={devices} requested but {available} device(s) are available; "
+            "on a CPU start Python with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}."
+        )
+    if nx % devices:
+        raise ValueError(
+            f"the grid's x size {nx} is not divisible by devices={devices}; "
+            "choose a size that splits evenly."
+        )
+    return int(devices)
+
+
+def check_steps(steps: int) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int | np.integer):
+        raise TypeError(f"steps must be an int, got {steps!r}.")
+    if steps < 0 or steps >= 2**31 - 1:
+        raise ValueError(f"steps must be in [0, 2**31 - 1), got {steps}.")
+    return int(steps)
