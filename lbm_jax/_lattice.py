@@ -178,7 +178,6 @@ _TABLES: dict[str, tuple[int, dict[int, Fraction]]] = {
 }
 
 
-@functools.cache
 def get_lattice(name: str | Lattice) -> Lattice:
     """Return a lattice by name (``"D2Q9"``, ``"D3Q19"``, ``"D3Q27"``).
 
@@ -199,6 +198,12 @@ def get_lattice(name: str | Lattice) -> Lattice:
         raise ValueError(
             f"Unknown lattice {name!r}; expected one of {list_lattices()}."
         )
+    return _named_lattice(key)
+
+
+@functools.cache
+def _named_lattice(key: str) -> Lattice:
+    """The one shared instance of a tabulated lattice (built once per process)."""
     d, weights = _TABLES[key]
     return _build(key, d, weights)
 
