@@ -135,6 +135,9 @@ _SETTINGS = {
         cylinder_runs=(("fp32", True), ("fp16s", True), ("fp16c", True)),
         # D = 10 cells needs u_ref = 0.1 to keep tau = 0.53 at Re 100 (stable).
         cylinder_options=(("u_ref", 0.1),),
+        unconfined_n=10,
+        unconfined_runs=(("fp32", True), ("fp16s", True)),
+        unconfined_options=(("u_ref", 0.1), ("run_times", 150.0)),
     ),
     "full": Settings(
         poiseuille_n=64,
@@ -580,9 +583,11 @@ def _write_report(
     env: dict[str, Any],
     findings: list[str],
 ) -> None:
-    cyl = ", ".join(_label(s, sh) for s, sh in st.cylinder_runs) or "not run"
-    unc = ", ".join(_label(s, sh) for s, sh in st.unconfined_runs) or "not run"
-    cav = ", ".join(_label(s, sh) for s, sh in st.cavity_runs) or "not run"
+    cyl = ", ".join(_label(s, sh) for s, sh in st.cylinder_runs) or "no storage"
+    unc = ", ".join(_label(s, sh) for s, sh in st.unconfined_runs) or (
+        "no storage (full scale only)"
+    )
+    cav = ", ".join(_label(s, sh) for s, sh in st.cavity_runs) or "no storage"
     lines = [
         "# LBM accuracy of 16-bit population storage",
         "",
