@@ -1,4 +1,4 @@
-"""Lid-driven cavity: Ghia et al. centre lines in 2-D, a D3Q19 cube smoke test."""
+"""Lid-driven cavity: Ghia et al. centre lines (D2Q9 and spanwise-periodic D3Q19), cube."""
 
 from __future__ import annotations
 
@@ -77,3 +77,25 @@ def test_cavity_lattice_option_selects_3d():
         prepare_case("cavity", lattice="D1Q3")
     with pytest.raises(ValueError, match="3-D lattice"):
         prepare_case("cavity3d", lattice="D2Q9")
+
+
+def test_cavity_d3q19_spanwise_periodic_matches_ghia_and_d2q9():
+    # One periodic z layer: the D3Q19 lattice (moving wall, bounce-back) must give
+    # the 2-D flow, so Ghia et al. apply to it too (~8500 steps on 34^2 cells).
+    res3 = run_case("cavity", n=32, re=100, lattice="D3Q19", span=1)
+    res2 = run_case("cavity", n=32, re=100)
+    s3 = res3.summary
+    assert s3["lattice"] == "D3Q19" and s3["converged"]
+    assert res3.fields["u"].shape == (3, 32, 32, 1)
+    assert s3["ghia_max_error"] < 0.02
+    np.testing.assert_allclose(
+        res3.fields["u"][:2, ..., 0], res2.fields["u"], rtol=0, atol=1e-5 * s3["u_ref"]
+    )
+    np.testing.assert_allclose(res3.fields["u"][2], 0.0, atol=1e-7)
+
+
+def test_cavity_span_needs_a_3d_lattice():
+    with pytest.raises(ValueError, match="3-D lattice"):
+        prepare_case("cavity", span=2)
+    with pytest.raises(ValueError, match="span must be at least 1"):
+        prepare_case("cavity", lattice="D3Q19", span=0)
