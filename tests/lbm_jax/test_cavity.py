@@ -1,4 +1,4 @@
-"""Lid-driven cavity: Ghia et al. centre lines (D2Q9 and spanwise-periodic D3Q19), cube."""
+"""Lid-driven cavity vs Ghia et al. (D2Q9, spanwise-periodic D3Q19); D3Q19 cube."""
 
 from __future__ import annotations
 
