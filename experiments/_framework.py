@@ -74,8 +74,8 @@ PIPELINES: Mapping[str, str] = {
 QUICK_BUDGET_S: Mapping[str, float] = {
     "formats": 30.0,
     "mixed_precision_bench": 60.0,
-    "amp": 240.0,
-    "lbm_accuracy": 180.0,
+    "amp": 180.0,
+    "lbm_accuracy": 240.0,
     "lbm_performance": 60.0,
 }
 
