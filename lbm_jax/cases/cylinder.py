@@ -12,9 +12,13 @@ shedding), a parabolic inflow with maximum ``1.5 u_ref``. The outlet holds the
 inflow profile at density 1. Reference ranges: St 0.295-0.305, cd_max 3.22-3.24,
 cl_max 0.99-1.01.
 
-The default collision is BGK: with TRT (Lambda = 3/16 or 1/4) at the small tau
-these cases need (about 0.53) the runs became unstable within a few hundred steps,
-while BGK ran stably.
+The default collision is BGK. TRT with Lambda = 3/16 or 1/4 has an antisymmetric
+relaxation time 1/2 + Lambda / (tau - 1/2) of 7-13 at tau = 0.515-0.53, and then the
+equilibrium inlet drives a growing, sign-alternating mode in the first fluid columns:
+a linear stability analysis of the step (inlet and outlet of equilibrium cells,
+uniform flow) gives growth for tau <= 0.53 with inflow >= 0.075, none for tau >= 0.55
+or for small Lambda (e.g. 1/40); BGK is stable there. At the default D = 20,
+u_ref = 0.05 (tau = 0.53) TRT happens to run stably; at D = 10 it does not.
 
 ``cylinder_unconfined``: a box ``length x width`` diameters (default 30 x 20),
 periodic across the flow, uniform inflow ``u_ref``, the cylinder ``length_front``
