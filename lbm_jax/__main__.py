@@ -7,13 +7,17 @@ Usage::
                           [--steps S] [--shift/--no-shift] [--lattice L]
                           [--collision {bgk,trt}] [--u-ref U] --out DIR
                           [--overwrite] [--progress]
-    python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32]
-                            [--steps S] [--repeats R] [--all] [--json FILE]
+    python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32[,fp16s,...]]
+                            [--steps S] [--repeats R] [--rounds K] [--all]
+                            [--json FILE]
 
 ``run`` writes ``DIR/fields.npz`` (``rho`` ``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])``
 in lattice units), ``DIR/summary.json`` and PNG figures. ``bench`` measures MLUPs
 on a periodic box after compilation, with the memory bandwidth measured in the
-same process; ``--all`` covers every storage policy on D2Q9 1024^2 and D3Q19 128^3.
+same process; ``--all`` covers every storage policy on D2Q9 1024^2 and D3Q19 128^3,
+and a comma-separated ``--storage`` list compares policies side by side; with
+``--rounds K`` the sweep is repeated K times, interleaved, and each figure is the
+median round, with the ratio to FP32/FP32 per round.
 
 Every argument is validated before anything is compiled; invalid input exits with
 status 2 and a message saying what to change. Unless ``XLA_FLAGS`` is already
@@ -78,7 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure MLUPs on a periodic box")
     bench.add_argument("--lattice", default="D3Q19")
     bench.add_argument("--n", type=int, default=128)
-    bench.add_argument("--storage", default="fp32")
+    bench.add_argument(
+        "--storage",
+        default="fp32",
+        help="storage policy, or a comma-separated list measured side by side",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="interleaved rounds of a multi-storage or --all sweep (median reported)",
+    )
     bench.add_argument("--steps", type=int, default=None)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--collision", choices=("bgk", "trt"), default="bgk")
@@ -163,6 +177,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for name, value, minimum in (
             ("--n", args.n, 4),
             ("--repeats", args.repeats, 1),
+            ("--rounds", args.rounds, 1),
         ):
             if value < minimum:
                 raise ValueError(f"{name} must be at least {minimum}, got {value}.")
@@ -177,16 +192,24 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 )
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {args.steps}.")
+        storages = [s.strip() for s in args.storage.split(",")]
         if not args.all:
             get_lattice(args.lattice)
-            get_storage(args.storage)
+            for storage in storages:
+                get_storage(storage)
+            if args.devices is not None and len(storages) > 1:
+                raise ValueError("--devices applies to a single storage policy.")
         if args.json is not None and Path(args.json).is_dir():
             raise ValueError(f"--json {args.json!r} is a directory; give a file name.")
     except (ValueError, TypeError) as err:
         parser.error(str(err))
-    if args.all:
-        with jax.enable_x64(True):  # include FP64/FP64
-            report = _bench.bench_all(steps=args.steps, repeats=args.repeats)
+    if args.all or len(storages) > 1:
+        kwargs: dict = {"steps": args.steps, "repeats": args.repeats}
+        if not args.all:
+            kwargs.update(problems=((args.lattice, args.n),), storages=storages)
+        x64 = args.all or any(_needs_x64(s) for s in storages)
+        with jax.enable_x64(x64):  # FP64/FP64 needs 64-bit types
+            report = _bench.bench_all(rounds=args.rounds, **kwargs)
         results = report["results"]
     else:
         with jax.enable_x64(_needs_x64(args.storage)):

@@ -207,28 +207,53 @@ def bench_all(
     storages: tuple[str, ...] | None = None,
     steps: int | None = None,
     repeats: int = 5,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """:func:`bench` for every storage policy on each problem, one bandwidth figure.
 
-    The bandwidth is measured once before and once after the runs; the larger
-    value is used for every roofline, and both are reported.
+    The whole sweep runs ``rounds`` times, interleaved, so that every storage
+    policy sees the same machine conditions; each result is the round with the
+    median MLUPs, with the per-round figures in ``mlups_rounds`` and, where the
+    problem includes FP32/FP32, the per-round ratio to it in ``vs_fp32_rounds`` and
+    their median in ``vs_fp32``. The bandwidth is measured once before and once
+    after the runs; the larger value is used for every roofline, and both are
+    reported.
 
     Returns:
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
-        "results": [bench dicts]}``.
+        "rounds": int, "results": [bench dicts]}``.
     """
-    from lbm_jax._storage import list_storages
+    from lbm_jax._storage import get_storage, list_storages
 
-    names = list_storages() if storages is None else tuple(storages)
+    names = (
+        list_storages()
+        if storages is None
+        else tuple(get_storage(s).name for s in storages)
+    )
     x64 = bool(jax.config.read("jax_enable_x64"))
     names = tuple(s for s in names if x64 or not s.upper().startswith("FP64"))
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}.")
     before = measure_bandwidth()
-    results = [
-        bench(lat, n, s, steps=steps, repeats=repeats, bandwidth=before)
-        for lat, n in problems
-        for s in names
-    ]
+    runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for lat, n in problems:
+            for s in names:
+                r = bench(lat, n, s, steps=steps, repeats=repeats, bandwidth=before)
+                runs.setdefault((lat, n, s), []).append(r)
     after = measure_bandwidth()
+    results = []
+    for (lat, n, _), per_round in runs.items():
+        r = dict(sorted(per_round, key=lambda x: x["mlups"])[len(per_round) // 2])
+        r["mlups_rounds"] = [x["mlups"] for x in per_round]
+        ref = runs.get((lat, n, "FP32/FP32"))
+        if ref is not None:
+            ratios = [
+                x["mlups"] / y["mlups"] for x, y in zip(per_round, ref, strict=True)
+            ]
+            r["vs_fp32_rounds"] = ratios
+            r["vs_fp32"] = statistics.median(ratios)
+        results.append(r)
     bandwidth = max(before, after)
     for r in results:
         r["bandwidth_gbs"] = bandwidth
@@ -238,6 +263,7 @@ def bench_all(
         "bandwidth_gbs": bandwidth,
         "bandwidth_before": before,
         "bandwidth_after": after,
+        "rounds": rounds,
         "results": results,
     }
 
@@ -245,13 +271,15 @@ def bench_all(
 def format_table(results: list[dict[str, Any]]) -> str:
     """Markdown table of benchmark results."""
     lines = [
-        "| lattice | n | storage | MLUPs | B/cell | GB/s | roofline MLUPs | fraction |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| lattice | n | storage | MLUPs | B/cell | GB/s | roofline MLUPs | fraction "
+        "| vs FP32 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        ratio = f"{r['vs_fp32']:.2f}" if "vs_fp32" in r else "-"
         lines.append(
             f"| {r['lattice']} | {r['n']} | {r['storage']} | {r['mlups']:.1f} | "
             f"{r['bytes_per_cell']} | {r['bandwidth_gbs']:.1f} | "
-            f"{r['roofline_mlups']:.1f} | {r['roofline_fraction']:.2f} |"
+            f"{r['roofline_mlups']:.1f} | {r['roofline_fraction']:.2f} | {ratio} |"
         )
     return "\n".join(lines)

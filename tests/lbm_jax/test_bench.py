@@ -72,3 +72,36 @@ def test_cli_bench_writes_json(tmp_path, capsys):
     assert r["mlups"] > 0 and r["bytes_per_cell"] == 72
     assert report["bandwidth_gbs"] > 0
     assert "roofline" in capsys.readouterr().out
+
+
+def test_cli_bench_compares_storages_side_by_side_over_rounds(tmp_path, capsys):
+    path = tmp_path / "pair.json"
+    argv = ["bench", "--lattice", "D2Q9", "--n", "32", "--steps", "2", "--repeats", "1"]
+    assert (
+        main([*argv, "--storage", "fp16s,fp32", "--rounds", "3", "--json", str(path)])
+        == 0
+    )
+    report = json.loads(path.read_text())
+    assert report["rounds"] == 3
+    by_name = {r["storage"]: r for r in report["results"]}
+    assert set(by_name) == {"FP32/FP16S", "FP32/FP32"}
+    fp32, fp16s = by_name["FP32/FP32"], by_name["FP32/FP16S"]
+    assert len(fp16s["mlups_rounds"]) == 3
+    # The reported figure is the median round, and ratios pair rounds one to one.
+    assert fp16s["mlups"] == sorted(fp16s["mlups_rounds"])[1]
+    pairs = zip(fp16s["mlups_rounds"], fp32["mlups_rounds"], strict=True)
+    expected = [a / b for a, b in pairs]
+    assert fp16s["vs_fp32_rounds"] == pytest.approx(expected)
+    assert fp16s["vs_fp32"] == pytest.approx(sorted(expected)[1])
+    assert fp32["vs_fp32"] == 1.0
+    assert "vs FP32" in capsys.readouterr().out
+
+
+def test_cli_bench_rejects_bad_rounds_and_storage_lists():
+    base = ["bench", "--lattice", "D2Q9", "--n", "32"]
+    for extra in (["--rounds", "0"], ["--storage", "fp32,fp7"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*base, *extra])
+        assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        main([*base, "--storage", "fp32,fp16s", "--devices", "1"])
