@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,6 +67,17 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def checks_section(checks: Mapping[str, bool]) -> list[str]:
+    """Markdown lines of a report's "Checks" section, one line per check.
+
+    >>> checks_section({"finite": True})
+    ['## Checks', '', '- finite: pass']
+    """
+    return ["## Checks", ""] + [
+        f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()
+    ]
 
 
 def _looks_numeric(text: str) -> bool:

@@ -53,7 +53,7 @@ from experiments._lbm_figures import (
     taylor_green_figure,
     width_figure,
 )
-from experiments._report import markdown_table, progress
+from experiments._report import checks_section, markdown_table, progress
 
 __all__ = ["RUNS_ALL", "Settings", "run", "settings_for"]
 
@@ -630,6 +630,5 @@ def _write_report(
     for name, table in tables.items():
         lines += [f"## {name}", "", table, ""]
     lines += [f"![{p.stem}]({p.name})" for p in figures]
-    lines += ["", "## Checks", ""]
-    lines += [f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()]
+    lines += ["", *checks_section(checks)]
     (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")

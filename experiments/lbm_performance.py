@@ -29,7 +29,13 @@ import jax
 
 import lbm_jax
 from experiments import _framework
-from experiments._report import markdown_table, new_figure, progress, save_figure
+from experiments._report import (
+    checks_section,
+    markdown_table,
+    new_figure,
+    progress,
+    save_figure,
+)
 
 __all__ = ["FLUIDX3D_H200_MLUPS", "Settings", "run", "settings_for"]
 
@@ -300,8 +306,7 @@ def _report(
             "Meaningful only when this run used an H200-class GPU with `--full`.",
             "",
         ]
-    lines += ["## Checks", ""]
-    lines += [f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()]
+    lines += checks_section(checks)
     (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
 
 

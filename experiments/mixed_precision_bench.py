@@ -44,7 +44,7 @@ import optax
 
 import mpjax
 from experiments import _framework
-from experiments._report import markdown_table, new_figure, save_figure
+from experiments._report import checks_section, markdown_table, new_figure, save_figure
 
 __all__ = ["Settings", "VARIANTS", "main", "measure", "run", "settings_for"]
 
@@ -440,10 +440,8 @@ def _report(
         "",
         "![step time](step_time.png)",
         "",
-        "## Checks",
-        "",
+        *checks_section(checks),
     ]
-    lines += [f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()]
     (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
 
 
