@@ -12,6 +12,7 @@ from jax import lax
 
 from mpjax.formats._base import NumberFormat
 from mpjax.formats._bits import source_layout
+from mpjax.formats._minifloat import MinifloatFormat
 
 __all__ = ["ScaledFormat", "scaled"]
 
@@ -72,8 +73,28 @@ class ScaledFormat(NumberFormat):
     def epsilon(self) -> float:
         return self.inner.epsilon
 
+    @property
+    def _tiny_products_vanish(self) -> bool:
+        """Whether `_encode` may skip its exponent-bit test for tiny products.
+
+        With `exponent >= 0` only subnormal `x` leave the normal range. Their
+        product, exact or flushed to a zero of `x`'s sign, has a magnitude below
+        `2**(exponent - 126)`; when that is at most half the smallest subnormal of
+        a minifloat inner format, it rounds to a zero of `x`'s sign, exactly like
+        the smallest normal the test would substitute (`2**-126`, at most half of
+        any smallest value >= 2**-125). fp16s (float16, exponent 15) qualifies.
+        The test costs about a quarter of a fused LBM collision on XLA:CPU.
+        """
+        return (
+            isinstance(self.inner, MinifloatFormat)
+            and self.exponent >= 0
+            and 2.0 ** (self.exponent - 125) <= self.inner.min_subnormal
+        )
+
     def _encode(self, x: jax.Array) -> jax.Array:
         factor = jnp.asarray(2.0**self.exponent, x.dtype)
+        if self._tiny_products_vanish:
+            return self.inner._encode(x * factor)
         # Products that leave the normal range (and subnormal x, which the CPU may
         # treat as zero) are decided on the exponent bits, not with float
         # arithmetic: they become the smallest normal of x's sign, which the inner
