@@ -15,7 +15,7 @@ For every registered format of `mpjax.formats` this pipeline
   within 2x, fp16c and the posits within 6x. The speed checks only apply from the
   "quick" scale up (the tiny test scale is dominated by dispatch overhead).
 
-Scales: tiny (tests) 2**14 values, quick 2**22, full 2**26 (the issue's size).
+Scales: tiny (tests) 2**14 values, quick 2**24, full 2**26 (the issue's size).
 Run ``python -m experiments formats`` (``--full`` for 2**26).
 """
 
@@ -58,7 +58,7 @@ _SETTINGS = {
         bench_log2n=14, repeats=3, error_samples=2**14, speed_checks=False
     ),
     "quick": Settings(
-        bench_log2n=22, repeats=7, error_samples=2**18, speed_checks=True
+        bench_log2n=24, repeats=7, error_samples=2**18, speed_checks=True
     ),
     "full": Settings(bench_log2n=26, repeats=7, error_samples=2**20, speed_checks=True),
 }
@@ -192,7 +192,7 @@ def run(
 
     Args:
         out_dir: an existing, empty directory.
-        quick: CPU-sized benchmark (2**22 values) or the issue's 2**26.
+        quick: CPU-sized benchmark (2**24 values) or the issue's 2**26.
         seed: seed of the random inputs.
         scale: override the scale ("tiny" for tests); see
             `experiments._framework.resolve_scale`.
