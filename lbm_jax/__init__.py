@@ -6,36 +6,50 @@ float64 for the arithmetic, once per fused streaming + collision step.
 
 >>> import lbm_jax
 >>> sim = lbm_jax.Simulation("D2Q9", (32, 16), tau=0.8, storage="fp16s")
->>> state = lbm_jax.run(sim, sim.init(), 50)
+>>> state = lbm_jax.run(sim, sim.init(), 50).state
 >>> lbm_jax.density(sim, state).shape
 (32, 16)
 """
 
-from lbm_jax import cases
-from lbm_jax._bench import bench, measure_bandwidth
+from lbm_jax import bench, cases
 from lbm_jax._boundaries import CellType
 from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._lattice import CS2, Lattice, get_lattice, list_lattices
+from lbm_jax._io import load_state, save_state, write_vti
+from lbm_jax._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax._observables import (
     density,
     momentum_exchange_force,
     velocity,
     vorticity,
 )
-from lbm_jax._run import InstabilityError, run
+from lbm_jax._run import (
+    History,
+    InstabilityError,
+    RunResult,
+    RunStats,
+    Samples,
+    relative_change,
+    run,
+    steady,
+)
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._storage import StoragePolicy, get_storage, list_storages
-from lbm_jax._validation import MAX_MACH
+from lbm_jax._units import CS2, MAX_MACH, MIN_TAU
 
 __all__ = [
     "CS2",
     "MAX_MACH",
+    "MIN_TAU",
     "CellType",
     "Collision",
     "CollisionModel",
+    "History",
     "InstabilityError",
     "LBMState",
     "Lattice",
+    "RunResult",
+    "RunStats",
+    "Samples",
     "Simulation",
     "StoragePolicy",
     "bench",
@@ -45,9 +59,13 @@ __all__ = [
     "get_storage",
     "list_lattices",
     "list_storages",
-    "measure_bandwidth",
+    "load_state",
     "momentum_exchange_force",
+    "relative_change",
     "run",
+    "save_state",
+    "steady",
     "velocity",
     "vorticity",
+    "write_vti",
 ]

@@ -169,9 +169,7 @@ def _run_case(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import jax
 
-    from lbm_jax import _bench
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax import bench, get_lattice, get_storage
 
     try:
         for name, value, minimum in (
@@ -209,11 +207,11 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             kwargs.update(problems=((args.lattice, args.n),), storages=storages)
         x64 = args.all or any(_needs_x64(s) for s in storages)
         with jax.enable_x64(x64):  # FP64/FP64 needs 64-bit types
-            report = _bench.bench_all(rounds=args.rounds, **kwargs)
+            report = bench.bench_all(rounds=args.rounds, **kwargs)
         results = report["results"]
     else:
         with jax.enable_x64(_needs_x64(args.storage)):
-            result = _bench.bench(
+            result = bench.bench(
                 args.lattice,
                 args.n,
                 args.storage,
@@ -224,7 +222,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             )
         report = {"bandwidth_gbs": result["bandwidth_gbs"], "results": [result]}
         results = [result]
-    print(_bench.format_table(results))
+    print(bench.format_table(results))
     if args.json is not None:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._lattice import CS2, Lattice
+from lbm_jax._lattice import Lattice
+from lbm_jax._units import check_tau, viscosity
 
 __all__ = [
     "Collision",
@@ -76,7 +77,7 @@ class CollisionModel:
     @property
     def viscosity(self) -> float:
         """Kinematic viscosity in lattice units."""
-        return CS2 * (self.tau - 0.5)
+        return viscosity(self.tau)
 
 
 def parse_collision(
@@ -97,14 +98,7 @@ def parse_collision(
         raise TypeError(
             f"collision must be a str or Collision, got {type(collision).__name__}."
         )
-    if isinstance(tau, bool) or not isinstance(tau, int | float | np.floating):
-        raise TypeError(f"tau must be a real number, got {tau!r}.")
-    tau = float(tau)
-    if not math.isfinite(tau) or tau <= 0.5:
-        raise ValueError(
-            f"tau must be finite and > 1/2 for a positive viscosity, got {tau}; "
-            "increase tau (nu = (tau - 1/2)/3) or refine the grid."
-        )
+    tau = check_tau(tau)
     magic = float(magic)
     if kind is Collision.TRT and (not math.isfinite(magic) or magic <= 0.0):
         raise ValueError(

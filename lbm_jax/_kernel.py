@@ -80,11 +80,13 @@ def make_step_into(
         model: Collision operator.
         shape: Grid size ``(X, *rest)``.
         slab: x-planes per slab (1 <= slab <= X).
-        constant_force: Force components as scalars, or ``None`` (a force field is
-            read from ``aux.force`` instead).
+        constant_force: Force components as scalars, or ``None``; used when
+            ``aux.force`` is ``None``.
 
-    ``aux`` carries the boundary arrays and force field in kernel layout. ``f`` and
-    ``g`` are stored populations ``(X, Q, *rest)``; ``g``'s content is overwritten.
+    ``aux`` carries the boundary arrays in kernel layout and the force: ``None``, a
+    ``(D,)`` vector or a ``(D, X, ...)`` field (it replaces ``constant_force``).
+    ``f`` and ``g`` are stored populations ``(X, Q, *rest)``; ``g``'s content is
+    overwritten.
     ``halos``, when given, are the planes just left and right of ``f`` (from the
     neighbouring sub-domains); otherwise ``f`` wraps around periodically in x.
     """
@@ -133,11 +135,13 @@ def make_step_into(
             if bnd.wall_term is not None:
                 reflected = reflected + _slab(bnd.wall_term, x0, b)
             fs = jnp.where(_slab(bnd.bounce, x0, b), reflected, fs)
-        if aux.force is not None:
-            fslab = _slab(aux.force, x0, b)
-            force = [fslab[:, a] for a in range(lattice.d)]
-        else:
+        if aux.force is None:
             force = constant_force
+        elif aux.force.ndim == 1:  # a traced (D,) vector
+            force = [aux.force[a] for a in range(lattice.d)]
+        else:  # a (D, X, ...) field
+            fslab = lax.dynamic_slice_in_dim(aux.force, x0, b, 1)
+            force = [fslab[a] for a in range(lattice.d)]
         out, _, _ = collide(
             lattice, model, fs, shift=storage.shift, force=force, axis=1
         )

@@ -23,10 +23,9 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["CS2", "Lattice", "get_lattice", "list_lattices"]
+from lbm_jax._units import CS2
 
-#: Squared lattice speed of sound, c_s^2 = 1/3, shared by every lattice here.
-CS2 = 1.0 / 3.0
+__all__ = ["Lattice", "get_lattice", "list_lattices"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

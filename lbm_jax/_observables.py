@@ -29,14 +29,23 @@ def density(sim: Simulation, state: LBMState) -> jax.Array:
     return sim.fields(state)[0]
 
 
-def velocity(sim: Simulation, state: LBMState) -> jax.Array:
+def velocity(
+    sim: Simulation, state: LBMState, force: ArrayLike | None = None
+) -> jax.Array:
     """Velocity field ``(D, *sim.shape)``: ``(sum_i c_i f_i - F/2) / rho``.
 
     The stored populations are post-collision, whose momentum is ``rho u + F/2``
     under Guo forcing; the half force is taken off so the result is the physical
     velocity of time step ``state.t``.
+
+    Args:
+        sim: The simulation.
+        state: Its state.
+        force: The body force of the step that produced ``state`` when it was
+            passed to :meth:`Simulation.step` / :meth:`Simulation.advance`
+            (``(D,)`` or ``(D, *shape)``); ``None`` means the construction force.
     """
-    return sim.fields(state)[1]
+    return sim.fields(state, force)[1]
 
 
 def vorticity(u: ArrayLike) -> jax.Array:
@@ -115,8 +124,7 @@ def momentum_exchange_force(
     dtype = sim.storage.compute_dtype
     fluid = ct == CellType.FLUID
     axes = tuple(range(len(sim.shape)))
-    uw = sim._wall_velocity  # noqa: SLF001 - (D, *shape) float64
-    moving_uw = uw * (ct == CellType.WALL)
+    moving_uw = sim.wall_velocity * (ct == CellType.WALL)
     links = []
     wall = []
     for ci, wi in zip(lat.c, lat.w, strict=True):
@@ -129,7 +137,7 @@ def momentum_exchange_force(
     # host-side float64 part: the moving-wall terms and, for shifted storage, the
     # weights the stored values are offset by (kept out of the low-precision sum)
     constant = -np.where(link, np.stack(wall), 0.0).sum(axis=_grid_axes(len(axes))) @ c
-    f = sim.storage.decode(sim._from_layout(state.f))  # noqa: SLF001
+    f = sim.populations(state, shifted=True)
     if sim.storage.shift:
         constant = constant + 2 * (lat.w * link.sum(axis=_grid_axes(len(axes)))) @ c
     per_dir = jnp.sum(jnp.where(link, 2 * f, 0), axis=_grid_axes(len(axes)))

@@ -1,32 +1,94 @@
-"""The run driver: many steps per compiled call, health checks, callbacks, progress.
+"""The one run driver: any pure step over any pytree state, in compiled chunks.
 
-:func:`run` advances a :class:`~lbm_jax.Simulation` in compiled chunks. Inside each
-chunk a ``lax.while_loop`` runs blocks of ``check_every`` steps and checks the
-density (finite and positive everywhere) after each block, stopping at the first
-failure; the host looks at the flag once per chunk, never per step. A failed check
-raises :class:`InstabilityError` naming the step. Chunks end at every multiple of
-``every`` (where ``callback`` is called with the state) and, with ``progress=True``,
-about a hundred times per run to update the progress bar. The step count of a chunk
-is a traced argument, so chunks of different lengths share one compiled program.
+:func:`run` advances a state by calling a pure ``step(state) -> state`` many times
+inside one compiled ``lax.while_loop`` per chunk. The state is any pytree: a
+:class:`~lbm_jax.LBMState`, or a coupled state holding one next to other arrays
+(membrane nodes, tracer positions, fill levels). Inside the loop it
+
+* checks the state's health every ``check_every`` steps (and at every chunk end),
+  stopping at the first failed check;
+* samples ``observe(state)`` every ``sample_every`` steps into a device buffer (no
+  host transfer per sample);
+* evaluates ``stop(state, history)`` after every sample, which ends the run early on
+  the device (e.g. once a steady state is reached).
+
+The host looks at the loop's flags once per chunk. Chunks end at every multiple of
+``every`` (where ``callback(state)`` runs on the host), about a hundred times per
+run with ``progress=True``, and after at most ``window`` samples. A failed health
+check raises :class:`InstabilityError` naming the step. Chunk lengths are traced
+arguments, and the compiled chunk is cached per step function (and per
+``healthy``/``observe``/``stop`` function and interval), so repeated calls reuse
+one program. Compilation is timed separately from the run, so the returned
+MLUPs exclude it.
+
+A :class:`~lbm_jax.Simulation` (or its ``step`` method) runs with its own compiled
+multi-step loop, two steps per iteration, and is checked with
+:meth:`~lbm_jax.Simulation.healthy`. Any other step is iterated with
+``lax.fori_loop`` and checked by default for non-finite floating-point values.
+Arrays that the step holds as pytree leaves (a simulation's boundary arrays,
+``jax.tree_util.Partial`` arguments, a registered dataclass) are passed to the
+compiled program as arguments; arrays a plain closure captures are compiled in as
+constants, which is fine for small ones.
+
+A coupled step is a pure function of a coupled pytree state. A force that follows a
+marker carried by the fluid:
+
+>>> from typing import NamedTuple
+>>> import jax.numpy as jnp
+>>> import lbm_jax
+>>> sim = lbm_jax.Simulation("D2Q9", (32, 16), tau=0.8)
+>>> class Coupled(NamedTuple):
+...     fluid: lbm_jax.LBMState
+...     marker: jax.Array  # (2,) position in lattice units
+>>> def coupled_step(s):
+...     cell = jnp.round(s.marker).astype(jnp.int32) % jnp.array(sim.shape)
+...     force = jnp.zeros((2, *sim.shape)).at[0, cell[0], cell[1]].set(1e-5)
+...     fluid = sim.step(s.fluid, force=force)
+...     u = lbm_jax.velocity(sim, fluid, force=force)
+...     return Coupled(fluid, s.marker + u[:, cell[0], cell[1]])
+>>> start = Coupled(sim.init(u=(0.02, 0.0)), jnp.array([8.0, 8.0]))
+>>> result = lbm_jax.run(
+...     coupled_step, start, 100, observe=lambda s: s.marker, sample_every=10,
+...     healthy=lambda s: sim.healthy(s.fluid),
+... )
+>>> result.samples.values.shape, result.samples.steps[-1]
+((10, 2), np.int64(100))
+>>> 9.9 < float(result.state.marker[0]) < 10.2  # carried along at about 0.02
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 from tqdm.auto import tqdm
 
 from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import check_steps
+from lbm_jax._validation import check_int, check_steps
 
-__all__ = ["InstabilityError", "run"]
+__all__ = [
+    "History",
+    "InstabilityError",
+    "RunResult",
+    "RunStats",
+    "Samples",
+    "relative_change",
+    "run",
+    "steady",
+]
 
 
 class InstabilityError(RuntimeError):
-    """A simulation produced a non-finite or non-positive density.
+    """A run failed its health check (for a fluid: non-finite or non-positive density).
 
     Attributes:
         step: Time step at which the failed health check ran.
@@ -35,115 +97,475 @@ class InstabilityError(RuntimeError):
         state: The state at ``step``, for inspection.
     """
 
-    def __init__(self, step: int, last_good_step: int, state: LBMState) -> None:
+    def __init__(
+        self,
+        step: int,
+        last_good_step: int,
+        state: Any,
+        reason: str = "the density is non-finite or non-positive",
+    ) -> None:
         self.step = step
         self.last_good_step = last_good_step
         self.state = state
         super().__init__(
-            f"Simulation became unstable at step {step}: the density is non-finite "
-            f"or non-positive (last healthy check at step {last_good_step}). "
-            "Increase tau or the resolution, or lower the velocity."
+            f"Simulation became unstable at step {step}: {reason} (last healthy "
+            f"check at step {last_good_step}). Increase tau or the resolution, or "
+            "lower the velocity."
         )
 
 
-def _make_runner(sim: Simulation, check_every: int) -> Callable[..., Any]:
-    advance = sim._advance_f  # noqa: SLF001 - the driver is part of the core
+class History(NamedTuple):
+    """The most recent samples of a run, as ``stop(state, history)`` sees them.
 
-    def chunk(aux: Any, state: LBMState, steps: jax.Array):
-        t_end = state.t + steps
+    Attributes:
+        values: The sampled pytree; every leaf has a leading axis of ``window``
+            slots, filled in turn (sample ``k`` lives in slot ``k % window``).
+            ``None`` when the run observes nothing.
+        count: Number of samples taken so far in this run (int32 scalar).
+    """
 
-        def cond(carry):
-            s, bad, _ = carry
-            return (s.t < t_end) & (bad < 0)
+    values: Any
+    count: jax.Array
 
-        def body(carry):
-            s, _, _ = carry
-            k = jnp.minimum(check_every, t_end - s.t)
-            f = advance(aux, s.f, k)
-            s = LBMState(f=f, t=s.t + k)
-            ok = sim.healthy(s)
-            return s, jnp.where(ok, -1, s.t), s.t - k
+    def latest(self, k: int = 0) -> Any:
+        """The ``k``-th most recent sample (``0``: the newest).
 
-        init = (state, jnp.asarray(-1, jnp.int32), state.t)
-        return jax.lax.while_loop(cond, body, init)
+        Meaningful only when ``count > k``; check ``count`` before relying on it.
+        """
+        leaves = jax.tree.leaves(self.values)
+        if not leaves:
+            return self.values
+        slot = (self.count - 1 - k) % leaves[0].shape[0]
+        return jax.tree.map(lambda v: v[slot], self.values)
 
-    return jax.jit(chunk, donate_argnums=(1,))
+
+class Samples(NamedTuple):
+    """The samples of a run, on the host.
+
+    Attributes:
+        steps: Time step of every sample, ``(n,)`` int64.
+        values: ``observe``'s pytree with a leading axis of ``n`` samples (NumPy).
+    """
+
+    steps: np.ndarray
+    values: Any
+
+
+class RunStats(NamedTuple):
+    """What a run did and how fast.
+
+    Attributes:
+        steps: Steps run (fewer than asked for when ``stop`` ended the run).
+        seconds: Wall time of the run, compilation excluded.
+        compile_seconds: Time spent compiling (or fetching the cached program).
+        mlups: Million lattice-cell updates per second over ``seconds``, counting
+            the cells of every :class:`~lbm_jax.LBMState` in the state; ``None``
+            when the state holds none or nothing ran.
+        stopped: Whether ``stop`` ended the run early.
+    """
+
+    steps: int
+    seconds: float
+    compile_seconds: float
+    mlups: float | None
+    stopped: bool
+
+
+class RunResult(NamedTuple):
+    """Outcome of :func:`run`: final state, samples (``None`` without ``observe``)
+    and statistics."""
+
+    state: Any
+    samples: Samples | None
+    stats: RunStats
+
+
+def relative_change(new: Any, old: Any) -> jax.Array:
+    """Relative L2 change ``||new - old|| / ||new||`` over all leaves of two pytrees.
+
+    >>> float(relative_change({"a": jnp.array([3.0, 4.0])}, {"a": jnp.zeros(2)}))
+    1.0
+    """
+    pairs = list(zip(jax.tree.leaves(new), jax.tree.leaves(old), strict=True))
+    diff = sum(jnp.sum(jnp.square(jnp.asarray(a) - b)) for a, b in pairs)
+    norm = sum(jnp.sum(jnp.square(jnp.asarray(a))) for a, _ in pairs)
+    return jnp.sqrt(diff) / jnp.sqrt(norm)
+
+
+def steady(tol: float, *, interval: int = 1) -> Callable[[Any, History], jax.Array]:
+    """A ``stop`` that ends a run once the observed values stop changing.
+
+    The run stops after a sample whose :func:`relative_change` against the previous
+    sample, divided by ``interval``, is below ``tol``: pass the sampling interval as
+    ``interval`` for a change per step, or leave it at 1 for a change per sample.
+
+    Raises:
+        ValueError: If ``tol`` is negative or ``interval`` not positive.
+    """
+    if not tol >= 0:
+        raise ValueError(f"tol must be non-negative, got {tol!r}.")
+    interval = check_int(interval, "interval", 1)
+
+    def stop(state: Any, history: History) -> jax.Array:
+        change = relative_change(history.latest(0), history.latest(1))
+        return (history.count >= 2) & (change / interval < tol)
+
+    return stop
+
+
+# -- static description of a compiled chunk -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    """A callable with its array leaves taken out (hashable, a static argument)."""
+
+    treedef: Any
+    leaves: tuple[Any, ...]
+    dynamic: tuple[int, ...]
+    method: bool
+
+
+def _split(fn: Any) -> tuple[list[Any], _Frozen | None]:
+    """Split a callable into its array leaves and a hashable remainder."""
+    if fn is None:
+        return [], None
+    method = inspect.ismethod(fn)
+    leaves, treedef = jax.tree.flatten((fn.__func__, fn.__self__) if method else fn)
+    dynamic = tuple(
+        i for i, x in enumerate(leaves) if isinstance(x, jax.Array | np.ndarray)
+    )
+    static = tuple(None if i in dynamic else x for i, x in enumerate(leaves))
+    return [leaves[i] for i in dynamic], _Frozen(treedef, static, dynamic, method)
+
+
+def _join(frozen: _Frozen | None, dynamic: list[Any]) -> Any:
+    """Rebuild a callable split by :func:`_split` (with traced arrays)."""
+    if frozen is None:
+        return None
+    leaves = list(frozen.leaves)
+    for i, x in zip(frozen.dynamic, dynamic, strict=True):
+        leaves[i] = x
+    tree = jax.tree.unflatten(frozen.treedef, leaves)
+    return functools.partial(tree[0], tree[1]) if frozen.method else tree
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    step: _Frozen
+    simulation: bool
+    healthy: _Frozen
+    observe: _Frozen | None
+    stop: _Frozen | None
+    check_every: int
+    sample_every: int
+    window: int
+
+
+def _chunk_impl(
+    dynamic: tuple[list[Any], ...],
+    state: Any,
+    buffer: Any,
+    count: jax.Array,
+    start: jax.Array,
+    end: jax.Array,
+    plan: _Plan,
+) -> tuple[Any, ...]:
+    """Advance from step ``start`` to ``end`` (counted from the run's start)."""
+    step, healthy, observe, stop = (
+        _join(f, d)
+        for f, d in zip(
+            (plan.step, plan.healthy, plan.observe, plan.stop), dynamic, strict=True
+        )
+    )
+    check, every = plan.check_every, plan.sample_every
+
+    def advance(state: Any, k: jax.Array) -> Any:
+        if plan.simulation:
+            return step.advance(state, k)
+        return lax.fori_loop(0, k, lambda _, s: step(s), state)
+
+    def is_healthy(state: Any) -> jax.Array:
+        ok = jnp.asarray(healthy(state))
+        if ok.shape != () or ok.dtype != jnp.bool_:
+            raise TypeError(
+                f"healthy(state) must return a bool scalar, got {ok.dtype} {ok.shape}."
+            )
+        return ok
+
+    def sample(state: Any, buffer: Any, count: jax.Array) -> tuple[Any, ...]:
+        if observe is not None:
+            value = observe(state)
+            buffer = jax.tree.map(
+                lambda b, v: lax.dynamic_update_index_in_dim(
+                    b, jnp.asarray(v).astype(b.dtype), count % plan.window, 0
+                ),
+                buffer,
+                value,
+            )
+        count = count + 1
+        stopped = jnp.asarray(False)
+        if stop is not None:
+            stopped = jnp.asarray(stop(state, History(buffer, count)))
+            if stopped.shape != () or stopped.dtype != jnp.bool_:
+                raise TypeError(
+                    "stop(state, history) must return a bool scalar, got "
+                    f"{stopped.dtype} {stopped.shape}."
+                )
+        return buffer, count, stopped
+
+    def cond(carry: tuple[Any, ...]) -> jax.Array:
+        _, _, _, t, bad, _, stopped = carry
+        return (t < end) & (bad < 0) & ~stopped
+
+    def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        state, buffer, count, t, bad, last_good, stopped = carry
+        target = (t // check + 1) * check
+        if every:
+            target = jnp.minimum(target, (t // every + 1) * every)
+        target = jnp.minimum(target, end)
+        state = advance(state, target - t)
+        t = target
+        at_check = (t % check == 0) | (t == end)
+        ok = lax.cond(at_check, is_healthy, lambda _: jnp.asarray(True), state)
+        bad = jnp.where(ok, bad, t)
+        last_good = jnp.where(at_check & ok, t, last_good)
+        if every:
+            buffer, count, stopped = lax.cond(
+                ok & (t % every == 0),
+                sample,
+                lambda _, b, c: (b, c, jnp.asarray(False)),
+                state,
+                buffer,
+                count,
+            )
+        return state, buffer, count, t, bad, last_good, stopped
+
+    carry = (state, buffer, count, start, jnp.int32(-1), start, jnp.asarray(False))
+    return lax.while_loop(cond, body, carry)
+
+
+_chunk = jax.jit(
+    _chunk_impl, static_argnames=("plan",), donate_argnames=("state", "buffer")
+)
+
+
+def _all_finite(state: Any) -> jax.Array:
+    """Default health check: every floating-point value of the state is finite."""
+    flags = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(state)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.asarray(True)
+
+
+def _fluid_states(state: Any) -> list[LBMState]:
+    def is_fluid(x: Any) -> bool:
+        return isinstance(x, LBMState)
+
+    return [x for x in jax.tree.leaves(state, is_leaf=is_fluid) if is_fluid(x)]
+
+
+def _as_simulation(step: Any) -> Simulation | None:
+    """The simulation behind ``step`` when it is one, or its ``step`` method."""
+    if isinstance(step, Simulation):
+        return step
+    if inspect.ismethod(step) and isinstance(step.__self__, Simulation):
+        if step.__func__ is Simulation.step:
+            return step.__self__
+    return None
 
 
 def run(
-    sim: Simulation,
-    state: LBMState,
+    step: Simulation | Callable[[Any], Any],
+    state: Any,
     steps: int,
     *,
     check_every: int = 100,
-    callback: Callable[[LBMState], None] | None = None,
+    healthy: Callable[[Any], jax.Array] | None = None,
+    observe: Callable[[Any], Any] | None = None,
+    sample_every: int | None = None,
+    stop: Callable[[Any, History], jax.Array] | None = None,
+    callback: Callable[[Any], None] | None = None,
     every: int | None = None,
     progress: bool = False,
-) -> LBMState:
-    """Advance ``state`` by ``steps`` steps with health checks and callbacks.
+    window: int = 64,
+) -> RunResult:
+    """Advance ``state`` by ``steps`` steps of ``step``, checked, sampled, timed.
 
     Args:
-        sim: The simulation.
+        step: A pure ``step(state) -> state`` over any pytree, or a
+            :class:`~lbm_jax.Simulation` (its compiled multi-step loop is used).
         state: Initial state; its buffers are donated (do not use it afterwards).
         steps: Number of steps to run (>= 0).
         check_every: Steps between two health checks inside the compiled loop.
+        healthy: ``healthy(state) -> bool scalar``; default
+            :meth:`Simulation.healthy <lbm_jax.Simulation.healthy>` for a
+            simulation, else "every floating-point value is finite" (pass e.g.
+            ``lambda s: sim.healthy(s.fluid)`` for a coupled state).
+        observe: ``observe(state) -> pytree of arrays`` sampled every
+            ``sample_every`` steps inside the loop; returned in
+            ``result.samples``. Keep its output small (a few numbers, a profile).
+        sample_every: Steps between two samples (and ``stop`` evaluations),
+            counted from the start of this call; needed with ``observe``/``stop``.
+        stop: ``stop(state, history) -> bool scalar``, evaluated after every
+            sample on the device; ``True`` ends the run (see :func:`steady`).
         callback: Called on the host as ``callback(state)`` after every ``every``
-            steps (``state.t`` tells which). The state's buffers are donated to the
-            next chunk: copy what you keep (e.g. ``jax.device_get``).
+            steps. The state's buffers are donated to the next chunk: copy what you
+            keep (e.g. ``jax.device_get``).
         every: Interval of ``callback`` calls in steps, counted from the start of
-            this run; required with ``callback``.
+            this call; required with ``callback``.
         progress: Show a tqdm progress bar.
+        window: Samples the device keeps for ``stop`` (``history``); a chunk holds
+            at most this many samples.
 
     Returns:
-        The state after ``steps`` steps.
+        A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
+        ``samples.steps`` and errors) are the state's time step ``t`` when it holds
+        an :class:`~lbm_jax.LBMState`, else counted from the start of this call.
 
     Raises:
         InstabilityError: If a health check fails; ``err.step`` names the step.
         ValueError, TypeError: Invalid arguments (raised before compiling).
     """
-    if not isinstance(sim, Simulation):
-        raise TypeError(f"sim must be a lbm_jax.Simulation, got {type(sim).__name__}.")
-    if not isinstance(state, LBMState):
+    sim = _as_simulation(step)
+    if sim is None and not callable(step):
+        raise TypeError(
+            "step must be a pure function step(state) -> state or a "
+            f"lbm_jax.Simulation, got {type(step).__name__}."
+        )
+    if sim is not None and not isinstance(state, LBMState):
         raise TypeError(
             f"state must be an LBMState (from sim.init()), got {type(state).__name__}."
         )
     steps = check_steps(steps)
-    check_every = _positive("check_every", check_every)
+    check_every = check_int(check_every, "check_every", 1)
+    window = check_int(window, "window", 1)
+    for name, fn in (
+        ("healthy", healthy),
+        ("observe", observe),
+        ("stop", stop),
+        ("callback", callback),
+    ):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable, got {fn!r}.")
     if callback is not None and every is None:
         raise ValueError("callback needs every=<steps between calls>.")
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable, got {callback!r}.")
     if every is not None:
-        every = _positive("every", every)
-    chunk = every if every is not None else max(steps, 1)
+        every = check_int(every, "every", 1)
+    sampling = observe is not None or stop is not None
+    if sampling and sample_every is None:
+        raise ValueError("observe and stop need sample_every=<steps between samples>.")
+    if sample_every is not None:
+        if not sampling:
+            raise ValueError("sample_every needs observe or stop.")
+        sample_every = check_int(sample_every, "sample_every", 1)
+
+    if sim is not None:
+        step = sim
+        reason = "the density is non-finite or non-positive"
+    else:
+        reason = "a floating-point value of the state is non-finite"
+    if healthy is None:
+        healthy = _all_finite if sim is None else sim.healthy
+    else:
+        reason = "healthy(state) returned False"
+    parts = [_split(fn) for fn in (step, healthy, observe, stop)]
+    plan = _Plan(
+        step=parts[0][1],
+        simulation=sim is not None,
+        healthy=parts[1][1],
+        observe=parts[2][1],
+        stop=parts[3][1],
+        check_every=check_every,
+        sample_every=sample_every or 0,
+        window=window,
+    )
+    try:
+        hash(plan)
+    except TypeError as err:
+        raise TypeError(
+            "step, healthy, observe and stop must be hashable apart from their "
+            f"array leaves ({err}); use functions, bound methods or pytrees."
+        ) from None
+    dynamic = tuple(dyn for dyn, _ in parts)
+
+    fluids = _fluid_states(state)
+    t0 = int(fluids[0].t) if fluids else 0
+    cells = sum(s.num_cells for s in fluids) or None
+    buffer = None
+    if observe is not None:
+        buffer = jax.tree.map(
+            lambda a: jnp.zeros((window, *a.shape), a.dtype),
+            jax.eval_shape(observe, state),
+        )
+    if steps == 0:
+        samples = None if observe is None else _samples([], buffer, sample_every, t0)
+        return RunResult(state, samples, RunStats(0, 0.0, 0.0, None, False))
+
+    def call(state: Any, buffer: Any, count: int, start: int, end: int):
+        return _chunk(
+            dynamic,
+            state,
+            buffer,
+            jnp.int32(count),
+            jnp.int32(start),
+            jnp.int32(end),
+            plan=plan,
+        )
+
+    tic = time.perf_counter()  # compile (or fetch) the program: a zero-step call
+    state, buffer, *_ = jax.block_until_ready(call(state, buffer, 0, 0, 0))
+    compile_seconds = time.perf_counter() - tic
+
+    chunk = every if every is not None else steps
     if progress:
         chunk = min(chunk, max(1, -(-steps // 100)))
-    runners = sim._runners  # noqa: SLF001 - per-simulation cache of compiled chunks
-    if check_every not in runners:
-        runners[check_every] = _make_runner(sim, check_every)
-    runner = runners[check_every]
-    done = 0
+    if sampling:
+        chunk = min(chunk, window * sample_every)
+    kept: list[Any] = []
+    done = count = 0
+    seconds = 0.0
+    stopped = False
     with tqdm(total=steps, disable=not progress, unit="step") as bar:
-        while done < steps:
-            n = min(chunk, steps - done)
+        while done < steps and not stopped:
+            end = min(done + chunk, steps)
             if every is not None:
-                n = min(n, every - done % every)
-            state, bad, last_good = runner(
-                sim._aux,
-                state,
-                jnp.asarray(n, jnp.int32),  # noqa: SLF001
+                end = min(end, (done // every + 1) * every)
+            tic = time.perf_counter()
+            state, buffer, new_count, t, bad, last_good, stop_flag = call(
+                state, buffer, count, done, end
             )
-            bad = int(bad)
-            if bad >= 0:
-                raise InstabilityError(bad, int(last_good), state)
-            done += n
-            bar.update(n)
+            t = int(t)  # waits for the chunk
+            seconds += time.perf_counter() - tic
+            new_count = int(new_count)
+            if observe is not None and new_count > count:
+                host = jax.device_get(buffer)
+                slots = [j % window for j in range(count, new_count)]
+                kept.append(jax.tree.map(lambda v, s=slots: v[s], host))
+            count = new_count
+            if int(bad) >= 0:
+                raise InstabilityError(
+                    t0 + int(bad), t0 + int(last_good), state, reason
+                )
+            bar.update(t - done)
+            done = t
+            stopped = bool(stop_flag)
             if callback is not None and done % every == 0:
                 callback(state)
-    return state
+    mlups = cells * done / seconds / 1e6 if cells and seconds > 0 else None
+    samples = None if observe is None else _samples(kept, buffer, sample_every, t0)
+    stats = RunStats(done, seconds, compile_seconds, mlups, stopped)
+    return RunResult(state, samples, stats)
 
 
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return value
+def _samples(kept: list[Any], buffer: Any, every: int, t0: int) -> Samples:
+    """Concatenate the samples collected per chunk (empty ones shaped like the
+    buffer)."""
+    if kept:
+        values = jax.tree.map(lambda *v: np.concatenate(v), *kept)
+    else:
+        values = jax.tree.map(lambda b: np.zeros((0, *b.shape[1:]), b.dtype), buffer)
+    n = len(jax.tree.leaves(values)[0]) if jax.tree.leaves(values) else 0
+    return Samples(t0 + every * (1 + np.arange(n, dtype=np.int64)), values)

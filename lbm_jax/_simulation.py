@@ -4,12 +4,25 @@
 ``TypeError`` before anything is traced or compiled), derives the boundary arrays,
 and builds pure functions over an :class:`LBMState` pytree:
 
-* ``sim.step(state) -> state``: one fused pull-streaming + collision step; pure and
-  jit-able (use it inside your own ``jax.jit``/``lax.scan``);
-* ``sim.advance(state, steps) -> state``: ``steps`` steps in one compiled
-  ``lax.fori_loop``; the state buffers are donated (the input state is consumed)
-  and ``steps`` is a traced argument, so a new step count never recompiles;
-* :func:`lbm_jax.run` adds health checks, callbacks and a progress bar on top.
+* ``sim.step(state, force=None) -> state``: one fused pull-streaming + collision
+  step; pure and jit-able (use it inside your own ``jax.jit``/``lax.scan``, or in a
+  coupled step);
+* ``sim.advance(state, steps, force=None) -> state``: ``steps`` steps in one
+  compiled loop; the state buffers are donated (the input state is consumed) and
+  ``steps`` is a traced argument, so a new step count never recompiles;
+* :func:`lbm_jax.run` drives either (or any pure step over a pytree) with health
+  checks, sampling, early stopping, callbacks and a progress bar.
+
+``force`` is a body-force density (Guo forcing), a ``(D,)`` vector or a
+``(D, *shape)`` field, passed as a traced argument: a new force every step (as an
+immersed boundary produces) never recompiles. It replaces the force given at
+construction for that call; read the velocity with the same force
+(``lbm_jax.velocity(sim, state, force=...)``) to take off its Guo half-force.
+
+A :class:`Simulation` is itself a pytree: its boundary and force arrays are its
+leaves and its configuration is static, so it can be passed to ``jax.jit``-compiled
+functions as an argument (its arrays then travel as arguments rather than being
+baked into the program as constants).
 
 The state holds the post-collision populations of time step ``t`` in the storage
 format (DDF-shifted unless the storage policy says otherwise) and the step counter.
@@ -27,6 +40,7 @@ back continues bit-identically.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -48,6 +62,7 @@ from lbm_jax._collision import (
 from lbm_jax._kernel import default_slab, from_layout, make_step_into, to_layout
 from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy, get_storage
+from lbm_jax._units import viscosity
 from lbm_jax._validation import (
     check_cell_type,
     check_density,
@@ -63,10 +78,30 @@ __all__ = ["LBMState", "Simulation"]
 
 
 class _Aux(NamedTuple):
-    """Arrays passed to the compiled step as arguments (not baked-in constants)."""
+    """Arrays passed to the compiled step as arguments (not baked-in constants).
+
+    ``boundary`` arrays are in the kernel layout ``(X, Q, ...)``; ``force`` is a
+    ``(D, *shape)`` field, a ``(D,)`` vector (a per-call force) or ``None``.
+    """
 
     boundary: BoundaryData
     force: jax.Array | None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Static:
+    """Validated configuration of a simulation (hashed by identity)."""
+
+    lattice: Lattice
+    shape: tuple[int, ...]
+    storage: StoragePolicy
+    model: CollisionModel
+    cell_type: np.ndarray
+    force: np.ndarray | None
+    wall_velocity: np.ndarray
+    mesh: Mesh | None
+    slab: int
+    step_into: Any
 
 
 class LBMState(NamedTuple):
@@ -80,7 +115,13 @@ class LBMState(NamedTuple):
     f: jax.Array
     t: jax.Array
 
+    @property
+    def num_cells(self) -> int:
+        """Number of grid cells the state holds."""
+        return self.f.size // self.f.shape[1]
 
+
+@jax.tree_util.register_pytree_node_class
 class Simulation:
     """A lattice Boltzmann simulation on a regular grid.
 
@@ -95,7 +136,8 @@ class Simulation:
         collision: ``"bgk"`` or ``"trt"``.
         magic: TRT magic parameter (3/16 puts bounce-back walls mid-link).
         force: Body-force density, a ``(D,)`` vector or ``(D, *shape)`` field
-            (Guo forcing); ``None`` for no force.
+            (Guo forcing); ``None`` for no force. ``step`` and ``advance`` take a
+            force per call as well, which replaces this one for that call.
         cell_type: Integer grid of :class:`CellType` codes; ``None`` means all
             fluid (fully periodic).
         wall_velocity: Velocity of ``WALL`` cells, ``(D,)`` or ``(D, *shape)``.
@@ -111,9 +153,9 @@ class Simulation:
             host devices. ``X`` must be divisible by ``devices``.
 
     Raises:
-        ValueError: Unknown lattice/storage/collision, ``tau <= 1/2``, velocities
-            above the low-Mach limit, masks or fields whose shape does not match
-            the grid, float64 storage with x64 disabled.
+        ValueError: Unknown lattice/storage/collision, ``tau`` too close to 1/2,
+            velocities above the low-Mach limit, masks or fields whose shape does
+            not match the grid, float64 storage with x64 disabled.
         TypeError: Arguments of the wrong type.
     """
 
@@ -145,35 +187,41 @@ class Simulation:
         model = parse_collision(collision, tau, magic)
 
         ct = check_cell_type(cell_type, shape)
+        ct.setflags(write=False)
         uw = vector_field("wall_velocity", wall_velocity, lat.d, shape)
+        uw.setflags(write=False)
         ub = vector_field("boundary_velocity", boundary_velocity, lat.d, shape)
         rb = check_density("boundary_density", boundary_density, shape)
         check_speed("wall_velocity", uw, ct == CellType.WALL)
         check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
-        fvec = None
-        if force is not None:
-            farr = np.asarray(force, dtype=np.float64)
-            if farr.shape == (lat.d,):
-                fvec = farr
-            else:
-                fvec = vector_field("force", farr, lat.d, shape)
-            if not np.all(np.isfinite(fvec)):
-                raise ValueError("force contains non-finite values.")
+        fvec = None if force is None else _host_force(force, lat.d, shape)
 
-        self._lattice = lat
-        self._shape = shape
-        self._storage = pol
-        self._model = model
-        self._cell_type = ct
-        self._cell_type.setflags(write=False)
-        self._force = fvec
-        self._wall_velocity = uw
         ndev = check_devices(devices, shape[0])
         local = (shape[0] // ndev, *shape[1:])
         if slab is None:
             slab = default_slab(lat, local, pol.compute_dtype.itemsize)
         slab = check_slab(slab, local[0])
-        self._mesh = Mesh(np.array(jax.devices()[:ndev]), ("x",)) if ndev > 1 else None
+        mesh = Mesh(np.array(jax.devices()[:ndev]), ("x",)) if ndev > 1 else None
+        constant = fvec is not None and fvec.ndim == 1
+        self._static = _Static(
+            lattice=lat,
+            shape=shape,
+            storage=pol,
+            model=model,
+            cell_type=ct,
+            force=fvec,
+            wall_velocity=uw,
+            mesh=mesh,
+            slab=slab,
+            step_into=make_step_into(
+                lat,
+                pol,
+                model,
+                local,
+                slab,
+                [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None,
+            ),
+        )
         bnd = build_boundary(lat, pol, ct, uw, rb, ub)
         self._aux = self._place(
             _Aux(
@@ -181,160 +229,283 @@ class Simulation:
                     *(None if a is None else to_layout(a) for a in bnd)
                 ),
                 force=None
-                if fvec is None or fvec.ndim == 1
-                else to_layout(jnp.asarray(fvec.astype(pol.compute_dtype))),
+                if fvec is None or constant
+                else jnp.asarray(fvec.astype(pol.compute_dtype)),
             )
         )
-        self._slab = int(slab)
-        self._step_into = make_step_into(
-            lat,
-            pol,
-            model,
-            local,
-            self._slab,
-            None
-            if fvec is None or fvec.ndim != 1
-            else [np.asarray(v, pol.compute_dtype) for v in fvec],
-        )
-        self._advance = jax.jit(self._advance_impl, donate_argnums=(1,))
-        self._runners: dict[int, Any] = {}
+
+    # -- pytree protocol: arrays are leaves, the configuration is static --------
+    def tree_flatten(self) -> tuple[tuple[_Aux], _Static]:
+        """Children (the boundary and force arrays) and static configuration."""
+        return (self._aux,), self._static
+
+    @classmethod
+    def tree_unflatten(cls, static: _Static, children: tuple[_Aux]) -> Simulation:
+        """Rebuild a simulation from :meth:`tree_flatten`'s parts."""
+        self = object.__new__(cls)
+        self._static = static
+        (self._aux,) = children
+        return self
 
     # -- read-only configuration ------------------------------------------------
     @property
     def lattice(self) -> Lattice:
         """Velocity set."""
-        return self._lattice
+        return self._static.lattice
 
     @property
     def shape(self) -> tuple[int, ...]:
         """Grid size."""
-        return self._shape
+        return self._static.shape
 
     @property
     def storage(self) -> StoragePolicy:
         """Storage policy of the populations."""
-        return self._storage
+        return self._static.storage
 
     @property
     def collision(self) -> CollisionModel:
         """Collision operator and relaxation times."""
-        return self._model
+        return self._static.model
 
     @property
     def tau(self) -> float:
         """Relaxation time."""
-        return self._model.tau
+        return self._static.model.tau
 
     @property
     def viscosity(self) -> float:
         """Kinematic viscosity in lattice units."""
-        return self._model.viscosity
+        return viscosity(self.tau)
 
     @property
     def cell_type(self) -> np.ndarray:
         """Integer cell-type grid (read-only)."""
-        return self._cell_type
+        return self._static.cell_type
 
     @property
     def force(self) -> np.ndarray | None:
-        """Body-force density, ``(D,)`` or ``(D, *shape)``, or ``None``."""
-        return self._force
+        """Body-force density given at construction, ``(D,)`` or ``(D, *shape)``."""
+        return self._static.force
+
+    @property
+    def wall_velocity(self) -> np.ndarray:
+        """Velocity of the ``WALL`` cells, ``(D, *shape)`` float64 (read-only)."""
+        return self._static.wall_velocity
 
     @property
     def num_cells(self) -> int:
         """Number of grid cells."""
-        return math.prod(self._shape)
+        return math.prod(self.shape)
+
+    @property
+    def devices(self) -> int:
+        """Number of devices the grid is split over."""
+        mesh = self._static.mesh
+        return 1 if mesh is None else mesh.size
 
     def __repr__(self) -> str:
         return (
-            f"Simulation({self._lattice.name}, shape={self._shape}, tau={self.tau}, "
-            f"storage={self._storage}, collision={self._model.kind.value})"
+            f"Simulation({self.lattice.name}, shape={self.shape}, tau={self.tau}, "
+            f"storage={self.storage}, collision={self.collision.kind.value})"
         )
 
     # -- state construction and read-out ----------------------------------------
-    def init(self, rho: ArrayLike = 1.0, u: ArrayLike | None = None) -> LBMState:
+    def init(
+        self,
+        rho: ArrayLike = 1.0,
+        u: ArrayLike | None = None,
+        force: ArrayLike | None = None,
+    ) -> LBMState:
         """Equilibrium initial state at ``t = 0``.
 
         Args:
             rho: Density, scalar or grid-shaped (positive, finite).
             u: Velocity, ``(D,)`` vector or ``(D, *shape)`` field; zero if ``None``.
-                With a body force, the populations carry the Guo half-force so that
-                :func:`lbm_jax.velocity` returns ``u`` exactly.
+            force: The body force the first step will use, if it differs from the
+                construction force. With a force, the populations carry the Guo
+                half-force so that :func:`lbm_jax.velocity` (given the same
+                force) returns ``u`` exactly.
 
         Raises:
             ValueError: Shapes that do not fit the grid, non-positive density or a
                 velocity above the low-Mach limit.
         """
-        r = check_density("rho", rho, self._shape)
-        uu = vector_field("u", u, self._lattice.d, self._shape)
+        lat, shape, pol = self.lattice, self.shape, self.storage
+        r = check_density("rho", rho, shape)
+        uu = vector_field("u", u, lat.d, shape)
         check_speed("initial velocity u", uu)
-        dtype = self._storage.compute_dtype
+        if force is not None:
+            force = _host_force(force, lat.d, shape)
+        dtype = pol.compute_dtype
         feq = equilibrium(
-            self._lattice,
+            lat,
             jnp.asarray(r.astype(dtype)),
             [jnp.asarray(ua.astype(dtype)) for ua in uu],
-            shift=self._storage.shift,
+            shift=pol.shift,
         )
-        if self._force is not None:
+        fc = self._force_components(force, dtype)
+        if fc is not None:
             # post-collision momentum is rho u + F/2 (Guo)
-            w, cs = direction_constants(self._lattice, dtype, len(self._shape))
-            fc = [np.asarray(fa, dtype) for fa in self._force]
+            w, cs = direction_constants(lat, dtype, len(shape))
             fc = [fa[None] if fa.ndim else fa for fa in fc]
             feq = feq + 1.5 * w * sum(c * fa for c, fa in zip(cs, fc, strict=True))
-        f = to_layout(self._storage.encode(feq))
+        f = to_layout(pol.encode(feq))
         bnd = self._aux.boundary
         if bnd.fixed is not None:
             f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
         return LBMState(f=self._place(f), t=jnp.zeros((), jnp.int32))
 
-    def _place(self, tree: Any) -> Any:
-        """Put x-leading arrays on the mesh, split along x (no-op on one device)."""
-        if self._mesh is None:
-            return tree
-        return jax.device_put(tree, NamedSharding(self._mesh, PartitionSpec("x")))
+    def populations(self, state: LBMState, *, shifted: bool = False) -> jax.Array:
+        """Decoded post-collision populations ``(Q, *shape)`` in the compute dtype.
 
-    @property
-    def devices(self) -> int:
-        """Number of devices the grid is split over."""
-        return 1 if self._mesh is None else self._mesh.size
-
-    def _from_layout(self, f: jax.Array) -> jax.Array:
-        return from_layout(f)
-
-    def populations(self, state: LBMState) -> jax.Array:
-        """Decoded, unshifted post-collision populations ``(Q, *shape)``."""
-        f = self._storage.decode(self._from_layout(state.f))
-        if self._storage.shift:
-            w, _ = direction_constants(
-                self._lattice, self._storage.compute_dtype, len(self._shape)
-            )
+        Args:
+            state: The state.
+            shifted: Return the values as stored, ``f_i - w_i`` under DDF-shifting
+                (better conditioned for sums in low precision), rather than
+                ``f_i``. Without shifting both are the same.
+        """
+        pol = self.storage
+        f = pol.decode(from_layout(state.f))
+        if pol.shift and not shifted:
+            w, _ = direction_constants(self.lattice, pol.compute_dtype, len(self.shape))
             f = f + w
         return f
 
-    def fields(self, state: LBMState) -> tuple[jax.Array, jax.Array]:
-        """Density ``(*shape)`` and velocity ``(D, *shape)`` at time ``state.t``."""
-        f = self._storage.decode(state.f)
-        rho, j = moments(self._lattice, f, shift=self._storage.shift, axis=1)
-        if self._force is not None:
-            fc = (
-                [np.asarray(v, f.dtype) for v in self._force]
-                if self._aux.force is None
-                else [self._aux.force[:, a] for a in range(self._lattice.d)]
-            )
+    def fields(
+        self, state: LBMState, force: ArrayLike | None = None
+    ) -> tuple[jax.Array, jax.Array]:
+        """Density ``(*shape)`` and velocity ``(D, *shape)`` at time ``state.t``.
+
+        Args:
+            state: The state.
+            force: The body force of the step that produced ``state``, if it was
+                not the construction force (see :meth:`step`); its Guo half-force
+                is taken off the momentum.
+        """
+        pol = self.storage
+        f = pol.decode(state.f)
+        rho, j = moments(self.lattice, f, shift=pol.shift, axis=1)
+        fc = self._force_components(force, f.dtype)
+        if fc is not None:
             j = [ji - 0.5 * fa for ji, fa in zip(j, fc, strict=True)]
         return rho, jnp.stack([ji / rho for ji in j])
 
+    def healthy(self, state: LBMState) -> jax.Array:
+        """True when every density is finite and positive (jit-able, no sync)."""
+        pol = self.storage
+        rho, _ = moments(self.lattice, pol.decode(state.f), shift=pol.shift, axis=1)
+        return jnp.all(jnp.isfinite(rho) & (rho > 0))
+
     # -- the compiled step ------------------------------------------------------
+    def step(self, state: LBMState, force: ArrayLike | None = None) -> LBMState:
+        """One fused streaming + collision step (pure, jit-able).
+
+        Args:
+            state: Current state.
+            force: Body force of this step, ``(D,)`` or ``(D, *shape)`` (traced: a
+                new value never recompiles); ``None`` uses the construction force.
+        """
+        aux = self._aux_with(force)
+
+        def one(aux: _Aux, f: jax.Array) -> jax.Array:
+            return self._local_step(aux, f, jnp.zeros_like(f))
+
+        f = self._sharded(one, aux)(aux, state.f)
+        return LBMState(f=f, t=state.t + 1)
+
+    def advance(
+        self,
+        state: LBMState,
+        steps: int | jax.Array,
+        force: ArrayLike | None = None,
+    ) -> LBMState:
+        """Run ``steps`` steps in one compiled loop (donates ``state``'s buffers).
+
+        Args:
+            state: Current state; its buffers are reused for the result, so do not
+                use ``state`` afterwards.
+            steps: Number of steps (>= 0); a traced argument, so any value reuses
+                the same compiled program. An int32 scalar array is accepted too
+                (inside a traced function, e.g. a driver loop).
+            force: Body force of every one of these steps, ``(D,)`` or
+                ``(D, *shape)``; ``None`` uses the construction force.
+        """
+        if isinstance(steps, jax.Array):
+            if steps.shape != () or not jnp.issubdtype(steps.dtype, jnp.integer):
+                raise TypeError(
+                    f"steps must be an int or an integer scalar array, got "
+                    f"{steps.dtype} {steps.shape}."
+                )
+            steps = steps.astype(jnp.int32)
+        else:
+            steps = jnp.asarray(check_steps(steps), jnp.int32)
+        return self._advance_jit(self, state, steps, force)
+
+    def _advance_impl(
+        self, state: LBMState, steps: jax.Array, force: ArrayLike | None
+    ) -> LBMState:
+        aux = self._aux_with(force)
+        f = self._sharded(self._local_advance, aux, PartitionSpec())(
+            aux, state.f, steps
+        )
+        return LBMState(f=f, t=state.t + steps)
+
+    _advance_jit = staticmethod(jax.jit(_advance_impl, donate_argnames=("state",)))
+
+    # -- internals -----------------------------------------------------------------
+    def _aux_with(self, force: ArrayLike | None) -> _Aux:
+        """The step's arrays, with a per-call force (validated, compute dtype)."""
+        if force is None:
+            return self._aux
+        force = jnp.asarray(force)
+        d = self.lattice.d
+        if force.shape not in ((d,), (d, *self.shape)):
+            raise ValueError(
+                f"force must be a vector of shape ({d},) or a field of shape "
+                f"{(d, *self.shape)}, got shape {force.shape}."
+            )
+        if not jnp.issubdtype(force.dtype, jnp.floating):
+            raise TypeError(f"force must be floating point, got {force.dtype}.")
+        return self._aux._replace(force=force.astype(self.storage.compute_dtype))
+
+    def _force_components(
+        self, force: ArrayLike | None, dtype: np.dtype
+    ) -> list[Any] | None:
+        """Force components (scalars or grid fields) of a given or the own force."""
+        if force is not None:
+            force = self._aux_with(force).force
+        elif self._aux.force is not None:
+            force = self._aux.force
+        elif self.force is not None:
+            return [np.asarray(v, dtype) for v in self.force]
+        else:
+            return None
+        return [force[a].astype(dtype) for a in range(self.lattice.d)]
+
+    def _place(self, tree: Any) -> Any:
+        """Put arrays on the mesh, split along their x axis (no-op on one device)."""
+        mesh = self._static.mesh
+        if mesh is None:
+            return tree
+        if isinstance(tree, jax.Array):
+            return jax.device_put(tree, NamedSharding(mesh, PartitionSpec("x")))
+        return jax.device_put(
+            tree, jax.tree.map(lambda p: NamedSharding(mesh, p), _aux_specs(tree))
+        )
+
     def _local_step(self, aux: _Aux, f: jax.Array, g: jax.Array) -> jax.Array:
         """One step on this device's sub-domain (exchanging halos when split)."""
-        if self._mesh is None:
-            return self._step_into(aux, f, g)
-        n = self._mesh.size
+        mesh = self._static.mesh
+        if mesh is None:
+            return self._static.step_into(aux, f, g)
+        n = mesh.size
         left = jax.lax.ppermute(f[-1:], "x", [(i, (i + 1) % n) for i in range(n)])
         right = jax.lax.ppermute(f[:1], "x", [(i, (i - 1) % n) for i in range(n)])
-        return self._step_into(aux, f, g, (left, right))
+        return self._static.step_into(aux, f, g, (left, right))
 
     def _local_advance(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
+        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
         g = jnp.zeros_like(f)
 
         def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):
@@ -347,52 +518,36 @@ class Simulation:
             steps % 2 == 1, lambda: self._local_step(aux, f, g), lambda: f
         )
 
-    def _sharded(self, fn: Any) -> Any:
-        if self._mesh is None:
+    def _sharded(self, fn: Any, aux: _Aux, *extra: PartitionSpec) -> Any:
+        """``fn(aux, f, *rest)`` run per device on the mesh (as is on one device)."""
+        mesh = self._static.mesh
+        if mesh is None:
             return fn
-        x = PartitionSpec("x")
-        aux_spec = jax.tree.map(lambda _: x, self._aux)
         return jax.shard_map(
             fn,
-            mesh=self._mesh,
-            in_specs=(aux_spec, x, PartitionSpec()),
-            out_specs=x,
+            mesh=mesh,
+            in_specs=(_aux_specs(aux), PartitionSpec("x"), *extra),
+            out_specs=PartitionSpec("x"),
         )
 
-    def step(self, state: LBMState) -> LBMState:
-        """One fused streaming + collision step (pure, jit-able)."""
 
-        def one(aux: _Aux, f: jax.Array, _: jax.Array) -> jax.Array:
-            return self._local_step(aux, f, jnp.zeros_like(f))
+def _aux_specs(aux: _Aux) -> _Aux:
+    """Partition specs of the step's arrays: every array split along its x axis."""
+    return _Aux(
+        boundary=jax.tree.map(lambda _: PartitionSpec("x"), aux.boundary),
+        force=None
+        if aux.force is None
+        else PartitionSpec()
+        if aux.force.ndim == 1
+        else PartitionSpec(None, "x"),
+    )
 
-        f = self._sharded(one)(self._aux, state.f, jnp.zeros((), jnp.int32))
-        return LBMState(f=f, t=state.t + 1)
 
-    def _advance_f(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
-        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
-        return self._sharded(self._local_advance)(aux, f, steps)
-
-    def _advance_impl(self, aux: _Aux, state: LBMState, steps: jax.Array) -> LBMState:
-        return LBMState(f=self._advance_f(aux, state.f, steps), t=state.t + steps)
-
-    def advance(self, state: LBMState, steps: int) -> LBMState:
-        """Run ``steps`` steps in one compiled loop (donates ``state``'s buffers).
-
-        Args:
-            state: Current state; its buffers are reused for the result, so do not
-                use ``state`` afterwards.
-            steps: Number of steps (>= 0); a traced argument, so any value reuses
-                the same compiled program.
-        """
-        steps = check_steps(steps)
-        return self._advance(self._aux, state, jnp.asarray(steps, jnp.int32))
-
-    def healthy(self, state: LBMState) -> jax.Array:
-        """True when every density is finite and positive (jit-able, no sync)."""
-        rho, _ = moments(
-            self._lattice,
-            self._storage.decode(state.f),
-            shift=self._storage.shift,
-            axis=1,
-        )
-        return jnp.all(jnp.isfinite(rho) & (rho > 0))
+def _host_force(force: ArrayLike, d: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A finite ``(D,)`` vector or ``(D, *shape)`` field as a float64 array."""
+    arr = np.asarray(force, dtype=np.float64)
+    if arr.shape != (d,):
+        arr = vector_field("force", arr, d, shape)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("force contains non-finite values.")
+    return arr

@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from lbm_jax._collision import Collision
 from lbm_jax._storage import StoragePolicy, get_storage
-from lbm_jax.cases import _params
+from lbm_jax._units import check_mach, mach, viscosity
+from lbm_jax._validation import check_int, check_real
 
-__all__ = ["CaseSetup", "case_names", "jsonable", "prepare"]
+__all__ = ["CaseSetup", "case_names", "check_speed", "jsonable", "prepare"]
 
 # case name -> module (imported lazily, so the registry costs nothing)
 _MODULES: dict[str, str] = {
@@ -24,8 +26,6 @@ _MODULES: dict[str, str] = {
     "cylinder": "lbm_jax.cases.cylinder",
     "cylinder_unconfined": "lbm_jax.cases.cylinder",
 }
-
-_COLLISIONS = ("bgk", "trt")
 
 
 def case_names() -> tuple[str, ...]:
@@ -73,7 +73,7 @@ class CaseSetup:
     @property
     def nu(self) -> float:
         """Kinematic viscosity in lattice units."""
-        return _params.nu_from_tau(self.tau)
+        return viscosity(self.tau)
 
     def summary(self) -> dict[str, Any]:
         """The case-independent part of the summary."""
@@ -89,7 +89,7 @@ class CaseSetup:
             "tau": self.tau,
             "nu": self.nu,
             "u_ref": self.u_ref,
-            "mach": _params.mach(self.u_ref),
+            "mach": mach(self.u_ref),
             **{k: v for k, v in self.options.items() if k not in ("collision",)},
         }
 
@@ -98,16 +98,11 @@ class CaseSetup:
         return self.runner(self, progress)
 
 
-def _float_option(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
-        raise TypeError(
-            f"{name} must be a real number, got {value!r} of type "
-            f"{type(value).__name__}."
-        )
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}.")
-    return value
+def check_speed(u: float, *, what: str) -> None:
+    """Reject a characteristic velocity that is not positive or not low-Mach."""
+    if not u > 0:
+        raise ValueError(f"{what} must be positive, got {u!r}.")
+    check_mach(u, what=what)
 
 
 def merge_options(
@@ -127,13 +122,14 @@ def merge_options(
     for key, value in given.items():
         default = defaults[key]
         if isinstance(default, float):
-            value = _float_option(value, key)
+            value = check_real(value, key)
         out[key] = value
     collision = out.get("collision")
     if collision is not None:
-        if not isinstance(collision, str) or collision.lower() not in _COLLISIONS:
+        names = tuple(c.value for c in Collision)
+        if not isinstance(collision, str) or collision.lower() not in names:
             raise ValueError(
-                f"Unknown collision {collision!r}; expected one of {_COLLISIONS}."
+                f"Unknown collision {collision!r}; expected one of {names}."
             )
         out["collision"] = collision.lower()
     return out
@@ -152,7 +148,7 @@ def resolve_steps(steps: Any) -> int | None:
     """``None`` or a positive int number of steps."""
     if steps is None:
         return None
-    return _params.check_positive_int(steps, name="steps", minimum=1)
+    return check_int(steps, "steps", 1)
 
 
 def prepare(
@@ -169,7 +165,7 @@ def prepare(
     if not isinstance(case, str) or case not in _MODULES:
         raise ValueError(f"Unknown case {case!r}; expected one of {list(_MODULES)}.")
     if re is not None:
-        re = _float_option(re, "re")
+        re = check_real(re, "re")
         if re <= 0:
             raise ValueError(f"re must be positive, got {re}.")
     policy = resolve_storage(storage, shift)
@@ -198,66 +194,3 @@ def jsonable(obj: Any) -> Any:
         value = float(obj)
         return value if math.isfinite(value) else None
     return obj
-
-
-def drive(
-    sim: Any,
-    state: Any,
-    steps: int,
-    *,
-    every: int,
-    on_sample: Callable[[Any, int], bool | None] | None = None,
-    progress: bool = False,
-    desc: str = "",
-) -> tuple[Any, dict[str, float]]:
-    """Advance ``sim`` by up to ``steps`` steps in compiled chunks of ``every`` steps.
-
-    After each chunk the density is checked (one host sync per chunk, never per
-    step) and ``on_sample(state, t)`` is called; returning ``True`` stops early
-    (e.g. once a steady state is reached). The first step runs on its own so that
-    compilation is excluded from the measured throughput.
-
-    Returns:
-        ``(state, stats)`` with ``steps`` (run), ``seconds`` (timed, excluding
-        compilation) and ``mlups``.
-
-    Raises:
-        InstabilityError: If the density becomes non-finite or non-positive; the
-            message names the chunk's last step.
-    """
-    import time
-
-    import jax
-    from tqdm.auto import tqdm
-
-    from lbm_jax._run import InstabilityError
-
-    bar = tqdm(total=steps, desc=desc or "steps", disable=not progress, leave=False)
-    t = 0
-    last_good = 0
-    seconds = 0.0
-    timed_steps = 0
-    try:
-        if steps > 0:
-            state = jax.block_until_ready(sim.advance(state, 1))
-            t = 1
-            bar.update(1)
-        while t < steps:
-            k = min(every - (t % every), steps - t)
-            t0 = time.perf_counter()
-            state = jax.block_until_ready(sim.advance(state, k))
-            seconds += time.perf_counter() - t0
-            timed_steps += k
-            t += k
-            bar.update(k)
-            if not bool(sim.healthy(state)):
-                raise InstabilityError(t, last_good, state)
-            last_good = t
-            if t % every == 0 and on_sample is not None and on_sample(state, t):
-                break
-    finally:
-        bar.close()
-    if on_sample is not None and t % every != 0 and t == steps:
-        on_sample(state, t)
-    mlups = timed_steps * sim.num_cells / seconds / 1e6 if seconds > 0 else None
-    return state, {"steps": t, "seconds": seconds, "mlups": mlups}

@@ -40,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax.cases import _common, _params, _reference
+from lbm_jax._units import check_tau, tau_from_re
+from lbm_jax._validation import check_int
+from lbm_jax.cases import _common, _reference
 from lbm_jax.cases._common import CaseSetup
 
 __all__ = ["prepare", "shedding_frequency"]
@@ -100,19 +102,19 @@ def prepare(
 ) -> CaseSetup:
     """Validate and derive the cylinder parameters (see the module docstring)."""
     opts = _common.merge_options(case, options, _DEFAULTS[case])
-    n = _params.check_positive_int(20 if n is None else n, name="n", minimum=4)
+    n = check_int(20 if n is None else n, "n", 4)
     re = 100.0 if re is None else re
     u_ref = opts.pop("u_ref")
     peak = 1.5 * u_ref if case == "cylinder" else u_ref
-    _params.check_velocity(peak, what="peak inflow speed")
-    tau = _params.tau_from_re(re, u_ref=u_ref, length=n)
-    _params.check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
+    _common.check_speed(peak, what="peak inflow speed")
+    tau = tau_from_re(re, u_ref=u_ref, length=n)
+    check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
     if not 0 < opts["window"] <= 1:
         raise ValueError(f"window must be in (0, 1], got {opts['window']}.")
     if opts["run_times"] <= 0:
         raise ValueError(f"run_times must be positive, got {opts['run_times']}.")
-    opts["samples_per_time"] = _params.check_positive_int(
-        opts["samples_per_time"], name="samples_per_time", minimum=1
+    opts["samples_per_time"] = check_int(
+        opts["samples_per_time"], "samples_per_time", 1
     )
     if case == "cylinder_unconfined":
         if not (
@@ -193,14 +195,8 @@ def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
 
 
 def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
-    import time
-
-    import jax
-    import jax.numpy as jnp
-    from tqdm.auto import tqdm
-
     from lbm_jax._observables import momentum_exchange_force
-    from lbm_jax._run import InstabilityError
+    from lbm_jax._run import run
     from lbm_jax._simulation import Simulation
 
     geo = _geometry(setup)
@@ -217,41 +213,16 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     body = geo["body"]
     t_conv = setup.n / setup.u_ref  # one convective time D / U in steps
     every = max(1, round(t_conv / setup.options["samples_per_time"]))
-
-    block = 64  # force samples per compiled call
-
-    @jax.jit
-    def chunk(state: Any, count: jax.Array) -> tuple[Any, jax.Array, jax.Array]:
-        def one(i: jax.Array, carry: tuple[Any, jax.Array]) -> tuple[Any, jax.Array]:
-            s, buf = carry
-            s = jax.lax.fori_loop(0, every, lambda _, s: sim.step(s), s)
-            return s, buf.at[i].set(momentum_exchange_force(sim, s, body))
-
-        buf = jnp.zeros((block, 2), sim.storage.compute_dtype)
-        state, buf = jax.lax.fori_loop(0, count, one, (state, buf))
-        return state, buf, sim.healthy(state)
-
-    total = setup.steps // every
-    state = sim.init(1.0, geo["u"])
-    forces: list[np.ndarray] = []
-    bar = tqdm(total=total * every, desc=setup.case, disable=not progress, leave=False)
-    seconds, timed, done = 0.0, 0, 0
-    try:
-        while done < total:
-            take = min(block, total - done)
-            t0 = time.perf_counter()
-            state, fs, ok = jax.block_until_ready(chunk(state, jnp.int32(take)))
-            if done > 0:  # the first call includes compilation
-                seconds += time.perf_counter() - t0
-                timed += take * every
-            if not bool(ok):
-                raise InstabilityError(int(state.t), int(state.t) - take * every, state)
-            forces.append(np.asarray(fs[:take], dtype=np.float64))
-            done += take
-            bar.update(take * every)
-    finally:
-        bar.close()
-    f_hist = np.concatenate(forces) if forces else np.zeros((0, 2))
+    result = run(
+        sim,
+        sim.init(1.0, geo["u"]),
+        setup.steps,
+        observe=lambda state: momentum_exchange_force(sim, state, body),
+        sample_every=every,
+        progress=progress,
+    )
+    state = result.state
+    f_hist = np.asarray(result.samples.values, dtype=np.float64)
     scale = 2.0 / (setup.u_ref**2 * setup.n)
     cd, cl = f_hist[:, 0] * scale, f_hist[:, 1] * scale
     start = int(len(cd) * (1.0 - setup.options["window"]))
@@ -259,8 +230,8 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
     u = u * (~body)
     metrics: dict[str, Any] = {
-        "steps": int(state.t),
-        "mlups": timed * sim.num_cells / seconds / 1e6 if seconds > 0 else None,
+        "steps": result.stats.steps,
+        "mlups": result.stats.mlups,
         "grid": list(sim.shape),
         "sample_every": every,
         "strouhal": freq * setup.n / setup.u_ref,
@@ -282,7 +253,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
             mid = 0.5 * (lo + hi)
             metrics[f"{key}_deviation"] = (value - mid) / mid
     extras = {
-        "t": (np.arange(len(cd)) + 1) * every,
+        "t": result.samples.steps,
         "cd": cd,
         "cl": cl,
         "body": body,

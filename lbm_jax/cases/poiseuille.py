@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax.cases import _common, _params
+from lbm_jax._units import check_tau, tau_from_re, viscosity
+from lbm_jax._validation import check_int
+from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
 __all__ = ["analytic_profile", "predicted_slip", "prepare"]
@@ -62,19 +64,19 @@ def prepare(
 ) -> CaseSetup:
     """Validate and derive the Poiseuille parameters (see the module docstring)."""
     opts = _common.merge_options(case, options, _DEFAULTS)
-    n = _params.check_positive_int(32 if n is None else n, name="n", minimum=4)
-    nx = _params.check_positive_int(opts["nx"], name="nx", minimum=1)
+    n = check_int(32 if n is None else n, "n", 4)
+    nx = check_int(opts["nx"], "nx", 1)
     opts["nx"] = nx
     re = 10.0 if re is None else re
     u_ref = opts.pop("u_ref")
-    _params.check_velocity(u_ref, what="centre-line velocity u_ref")
-    tau = _params.tau_from_re(re, u_ref=u_ref, length=n)
-    _params.check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
+    _common.check_speed(u_ref, what="centre-line velocity u_ref")
+    tau = tau_from_re(re, u_ref=u_ref, length=n)
+    check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
     collision = opts.pop("collision")
     magic = opts.pop("magic")
     if magic <= 0:
         raise ValueError(f"magic must be positive, got {magic}.")
-    nu = _params.nu_from_tau(tau)
+    nu = viscosity(tau)
     if steps is None:
         # The slowest transient decays like exp(-nu pi^2 t / n^2): 35 e-foldings.
         steps_max = math.ceil(35.0 * n * n / (math.pi**2 * nu))
@@ -99,6 +101,8 @@ def prepare(
 
 def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     from lbm_jax._boundaries import CellType
+    from lbm_jax._observables import velocity
+    from lbm_jax._run import relative_change, run, steady
     from lbm_jax._simulation import Simulation
 
     n, nx, nu = setup.n, setup.options["nx"], setup.nu
@@ -115,38 +119,26 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         force=np.array([g, 0.0]),
         cell_type=cell_type,
     )
-    state = sim.init()
     tol = setup.options["tol"]
-    history: dict[str, Any] = {"prev": None, "residual": math.inf}
-    every = max(100, min(2000, setup.steps // 20))
-
-    def on_sample(state: Any, t: int) -> bool:
-        ux = np.asarray(sim.fields(state)[1][0, :, 1:-1], dtype=np.float64)
-        prev = history["prev"]
-        if prev is not None:
-            history["residual"] = float(
-                np.linalg.norm(ux - prev) / max(np.linalg.norm(ux), 1e-300)
-            )
-        history["prev"] = ux
-        return not setup.steps_given and history["residual"] < tol
-
-    state, stats = _common.drive(
+    result = run(
         sim,
-        state,
+        sim.init(),
         setup.steps,
-        every=every,
-        on_sample=on_sample,
+        observe=lambda state: velocity(sim, state)[0, :, 1:-1],
+        sample_every=max(100, min(2000, setup.steps // 20)),
+        stop=None if setup.steps_given else steady(tol),
         progress=progress,
-        desc="poiseuille",
     )
-    rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
+    ux = result.samples.values
+    residual = float(relative_change(ux[-1], ux[-2])) if len(ux) >= 2 else math.inf
+    rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(result.state))
     rho, u = rho[:, 1:-1], u[:, :, 1:-1]
     exact = analytic_profile(n, g, nu)
     profile = u[0].mean(axis=0)
     magic = (setup.tau - 0.5) ** 2 if setup.collision == "bgk" else setup.magic
     metrics = {
-        "steps": stats["steps"],
-        "mlups": stats["mlups"],
+        "steps": result.stats.steps,
+        "mlups": result.stats.mlups,
         "force": g,
         "l2_error": float(
             np.linalg.norm(u[0] - exact[None])
@@ -155,8 +147,8 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         "max_v": float(np.abs(u[1]).max()),
         "slip": float(np.mean(profile - exact)),
         "slip_predicted": predicted_slip(g, nu, magic),
-        "residual": history["residual"],
-        "converged": history["residual"] < tol,
+        "residual": residual,
+        "converged": residual < tol,
     }
     extras = {"y": np.arange(n) + 0.5, "u_exact": exact}
     return metrics, {"rho": rho, "u": u}, extras

@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax.cases import _common, _params
+from lbm_jax._units import check_tau, tau_from_re, viscosity
+from lbm_jax._validation import check_int
+from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
 __all__ = ["analytic_fields", "prepare"]
@@ -65,18 +67,16 @@ def prepare(
 ) -> CaseSetup:
     """Validate and derive the Taylor-Green parameters (see the module docstring)."""
     opts = _common.merge_options(case, options, _DEFAULTS)
-    n = _params.check_positive_int(64 if n is None else n, name="n", minimum=4)
+    n = check_int(64 if n is None else n, "n", 4)
     re = 100.0 if re is None else re
     u_ref = opts.pop("u_ref")
-    _params.check_velocity(u_ref, what="vortex velocity u_ref")
-    tau = _params.tau_from_re(re, u_ref=u_ref, length=n)
-    _params.check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
+    _common.check_speed(u_ref, what="vortex velocity u_ref")
+    tau = tau_from_re(re, u_ref=u_ref, length=n)
+    check_tau(tau, context=f"re={re:g} with n={n}, u_ref={u_ref:g}")
     if opts["decay"] <= 0:
         raise ValueError(f"decay must be positive, got {opts['decay']}.")
-    opts["samples"] = _params.check_positive_int(
-        opts["samples"], name="samples", minimum=2
-    )
-    nu = _params.nu_from_tau(tau)
+    opts["samples"] = check_int(opts["samples"], "samples", 2)
+    nu = viscosity(tau)
     k = 2.0 * math.pi / n
     if steps is None:
         steps = max(2, round(opts["decay"] / (2.0 * nu * k * k)))
@@ -99,6 +99,10 @@ def prepare(
 
 
 def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+    import jax.numpy as jnp
+
+    from lbm_jax._observables import velocity
+    from lbm_jax._run import run
     from lbm_jax._simulation import Simulation
 
     n, nu, u0 = setup.n, setup.nu, setup.u_ref
@@ -114,43 +118,39 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     )
     rho0, u_init = analytic_fields(n, u0, nu, 0.0)
     mode = u_init / u0
-    mode_norm = float(np.sum(mode * mode))
-    state = sim.init(rho0, u_init)
-    times: list[int] = [0]
-    amps: list[float] = [u0]
+    weights = mode / float(np.sum(mode * mode))  # projection onto the mode
+    projection = jnp.asarray(weights.astype(sim.storage.compute_dtype))
 
-    def on_sample(state: Any, t: int) -> None:
-        u = np.asarray(sim.fields(state)[1], dtype=np.float64)
-        times.append(t)
-        amps.append(float(np.sum(u * mode)) / mode_norm)
+    def amplitude(state: Any) -> Any:
+        return jnp.sum(velocity(sim, state) * projection)
 
-    every = max(1, setup.steps // setup.options["samples"])
-    state, stats = _common.drive(
+    result = run(
         sim,
-        state,
+        sim.init(rho0, u_init),
         setup.steps,
-        every=every,
-        on_sample=on_sample,
+        observe=amplitude,
+        sample_every=max(1, setup.steps // setup.options["samples"]),
         progress=progress,
-        desc="taylor_green",
     )
-    rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
-    t_end = stats["steps"]
+    times = np.concatenate([[0], result.samples.steps])
+    amps = np.concatenate([[u0], np.asarray(result.samples.values, np.float64)])
+    rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(result.state))
+    t_end = result.stats.steps
     _, u_exact = analytic_fields(n, u0, nu, float(t_end))
-    tt = np.asarray(times[1:], dtype=np.float64)
-    la = np.log(np.abs(np.asarray(amps[1:])))
+    tt = times[1:].astype(np.float64)
+    la = np.log(np.abs(amps[1:]))
     if tt.size >= 2:
         rate = -float(np.polyfit(tt, la, 1)[0])
     else:
         rate = -math.log(abs(amps[-1]) / u0) / max(t_end, 1)
     metrics = {
         "steps": t_end,
-        "mlups": stats["mlups"],
+        "mlups": result.stats.mlups,
         "decay_rate": rate,
         "decay_rate_exact": rate_exact,
         "decay_rate_error": abs(rate - rate_exact) / rate_exact,
         "l2_error": float(np.linalg.norm(u - u_exact) / np.linalg.norm(u_exact)),
-        "amplitude_final": amps[-1],
+        "amplitude_final": float(amps[-1]),
     }
-    extras = {"t": np.asarray(times), "amplitude": np.asarray(amps)}
+    extras = {"t": times, "amplitude": amps}
     return metrics, {"rho": rho, "u": u}, extras

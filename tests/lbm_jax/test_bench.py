@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lbm_jax.__main__ import main
-from lbm_jax._bench import bench, format_table, measure_bandwidth, stream_bandwidths
+from lbm_jax.bench import bench, format_table, measure_bandwidth, stream_bandwidths
 
 
 def test_stream_bandwidths_are_positive_and_finite():

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lbm_jax
 from lbm_jax import Collision, get_lattice
 from lbm_jax._collision import collide, equilibrium, moments, parse_collision
 
@@ -143,8 +144,11 @@ def test_parse_collision_validation():
     assert parse_collision(Collision.BGK, 1, 0.25).tau == 1.0
     model = parse_collision("bgk", 0.8, 0.25)
     assert model.viscosity == pytest.approx(0.1)
-    with pytest.raises(ValueError, match=r"tau must be finite and > 1/2.*0\.5"):
+    with pytest.raises(ValueError, match=r"tau = 0\.5, but tau must be finite and at"):
         parse_collision("bgk", 0.5, 0.25)
+    with pytest.raises(ValueError, match=r"at least 0\.5001"):
+        parse_collision("bgk", 0.50009, 0.25)
+    assert parse_collision("bgk", lbm_jax.MIN_TAU, 0.25).tau == lbm_jax.MIN_TAU
     with pytest.raises(ValueError, match="tau"):
         parse_collision("bgk", float("nan"), 0.25)
     with pytest.raises(TypeError, match="tau must be a real number"):

@@ -9,8 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from lbm_jax._io import load_state, save_state, write_vti
-from lbm_jax._simulation import Simulation
+from lbm_jax import Simulation, load_state, save_state, write_vti
 
 
 @pytest.fixture(scope="module", params=["fp32", "fp16c"])

@@ -14,7 +14,7 @@ def test_density_and_velocity_return_the_initial_fields(storage):
     sim = Simulation("D3Q19", (6, 5, 4), tau=0.7, storage=storage, force=(1e-4, 0, 0))
     rng = np.random.default_rng(0)
     rho = 1 + 0.01 * rng.standard_normal(sim.shape)
-    u = 0.05 * rng.standard_normal((3, *sim.shape))
+    u = 0.03 * rng.standard_normal((3, *sim.shape))
     state = sim.init(rho, u)
     tol = 1e-6 if storage == "fp32" else 2e-4
     np.testing.assert_allclose(lbm_jax.density(sim, state), rho, rtol=tol)
@@ -23,6 +23,18 @@ def test_density_and_velocity_return_the_initial_fields(storage):
     populations = sim.populations(state)
     assert populations.shape == (19, *sim.shape)
     np.testing.assert_allclose(jnp.sum(populations, axis=0), rho, rtol=tol)
+    shifted = sim.populations(state, shifted=True)
+    w = sim.lattice.w.reshape(-1, 1, 1, 1).astype(np.float32)
+    np.testing.assert_allclose(shifted + w, populations, atol=1e-7)
+    # a per-call force field replaces the construction force in init and read-out
+    field = 1e-3 * rng.standard_normal((3, *sim.shape)).astype(np.float32)
+    state = sim.init(rho, u, force=field)
+    np.testing.assert_allclose(lbm_jax.velocity(sim, state, force=field), u, atol=tol)
+    # read with the construction force, the other half-force shows
+    f0 = np.array([1e-4, 0, 0]).reshape(3, 1, 1, 1)
+    np.testing.assert_allclose(
+        lbm_jax.velocity(sim, state), u + (field - f0) / (2 * rho), atol=tol
+    )
 
 
 def test_observables_jit():

@@ -1,4 +1,4 @@
-"""Throughput benchmark (MLUPs) and a STREAM-like memory-bandwidth measurement.
+"""Benchmarks: solver throughput (MLUPs) and a STREAM-like memory bandwidth.
 
 A lattice Boltzmann step is memory-bound: each cell loads and stores its Q
 populations once, ``2 Q b`` bytes per cell and step for ``b``-byte storage
