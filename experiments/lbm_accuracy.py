@@ -55,9 +55,22 @@ from experiments._lbm_figures import (
 )
 from experiments._report import checks_section, markdown_table, progress
 
-__all__ = ["RUNS_ALL", "Settings", "run", "settings_for"]
+__all__ = [
+    "RUNS_ALL",
+    "SIXTEEN_BIT",
+    "Settings",
+    "evaluate_checks",
+    "run",
+    "settings_for",
+    "storage_label",
+]
 
-SIXTEEN_BIT = ("fp16", "fp16s", "fp16c", "posit16", "posit16_es2", "bf16")
+#: Short names of the 16-bit storage policies, in the registry's order.
+SIXTEEN_BIT: tuple[str, ...] = tuple(
+    policy.short_name
+    for policy in map(lbm_jax.get_storage, lbm_jax.list_storages())
+    if policy.bytes_per_value == 2
+)
 
 #: (storage, shift) pairs of a complete comparison, in table order.
 RUNS_ALL: tuple[tuple[str, bool], ...] = (
@@ -172,9 +185,11 @@ def settings_for(scale: str) -> Settings:
     return _SETTINGS[scale]
 
 
-def _label(storage: str, shift: bool) -> str:
-    name = lbm_jax.get_storage(storage).name
-    return name if storage in ("fp64", "fp32") else f"{name} {'S' if shift else '-'}"
+def storage_label(storage: str, shift: bool) -> str:
+    policy = lbm_jax.get_storage(storage)
+    if policy.bytes_per_value > 2:  # full-precision storage: shifting is moot
+        return policy.name
+    return f"{policy.name} {'S' if shift else '-'}"
 
 
 def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, Any]:
@@ -184,16 +199,11 @@ def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, A
         "case": case,
         "storage": lbm_jax.get_storage(storage).name,
         "shift": shift,
-        "label": _label(storage, shift),
+        "label": storage_label(storage, shift),
         **{k: v for k, v in options.items() if k != "out_dir"},
     }
     try:
-        if storage == "fp64":
-            with jax.enable_x64(True):
-                result = lbm_jax.cases.run_case(
-                    case, storage=storage, shift=shift, **options
-                )
-        else:
+        with jax.enable_x64(lbm_jax.get_storage(storage).needs_x64):
             result = lbm_jax.cases.run_case(
                 case, storage=storage, shift=shift, **options
             )
@@ -240,7 +250,7 @@ def _sweep(
 ) -> list[dict[str, Any]]:
     records = []
     for s, shift in progress(runs, desc=desc, total=len(runs)):
-        out = None if run_root is None else run_root / _slug(_label(s, shift))
+        out = None if run_root is None else run_root / _slug(storage_label(s, shift))
         records.append(_run_one(case, s, shift, out_dir=out, **kwargs))
     reference = next((r for r in records if r["storage"] == "FP64/FP64"), None)
     if reference is None:  # without an FP64 run compare with FP32/FP32
@@ -282,7 +292,7 @@ def _ordered_worse(records, worse: tuple[str, bool], better: tuple[str, bool]) -
     return bool(a["err_vs_fp64"] > b["err_vs_fp64"])
 
 
-def _checks(
+def evaluate_checks(
     poiseuille: list[dict[str, Any]],
     taylor_green: list[dict[str, Any]],
     cavity: list[dict[str, Any]],
@@ -408,7 +418,7 @@ def run(
     widths = []
     for n in st.widths:
         if n == st.poiseuille_n:  # already run above
-            labels = {_label(*r) for r in st.width_runs}
+            labels = {storage_label(*r) for r in st.width_runs}
             widths += [r for r in poiseuille if r["label"] in labels]
             continue
         widths += _sweep(
@@ -453,7 +463,7 @@ def run(
         runs_dir,
     )
 
-    checks = _checks(poiseuille, taylor_green, cavity, cylinder, st)
+    checks = evaluate_checks(poiseuille, taylor_green, cavity, cylinder, st)
     if unconfined:
         fp32 = _find(unconfined, "fp32", True)
         st_fp32 = metric(fp32, "strouhal") if fp32 else math.nan
@@ -583,11 +593,11 @@ def _write_report(
     env: dict[str, Any],
     findings: list[str],
 ) -> None:
-    cyl = ", ".join(_label(s, sh) for s, sh in st.cylinder_runs) or "no storage"
-    unc = ", ".join(_label(s, sh) for s, sh in st.unconfined_runs) or (
+    cyl = ", ".join(storage_label(s, sh) for s, sh in st.cylinder_runs) or "no storage"
+    unc = ", ".join(storage_label(s, sh) for s, sh in st.unconfined_runs) or (
         "no storage (full scale only)"
     )
-    cav = ", ".join(_label(s, sh) for s, sh in st.cavity_runs) or "no storage"
+    cav = ", ".join(storage_label(s, sh) for s, sh in st.cavity_runs) or "no storage"
     lines = [
         "# LBM accuracy of 16-bit population storage",
         "",

@@ -1,9 +1,9 @@
 """LBM performance: MLUPs per lattice x storage x grid size, against the roofline.
 
 For every lattice, grid size and storage policy the pipeline times the compiled solver
-with :func:`lbm_jax.bench` (warm-up first, median of ``repeats`` timed runs,
+with `lbm_jax.bench.bench` (warm-up first, median of ``repeats`` timed runs,
 ``block_until_ready``) and measures the memory bandwidth in the same process with
-:func:`lbm_jax.measure_bandwidth` (before and after the sweep; the median is used).
+`lbm_jax.bench.measure_bandwidth` (before and after the sweep; the median is used).
 The memory-bandwidth roofline of a storage policy is ``bandwidth / bytes_per_cell``
 (each cell loads and stores its ``q`` populations once per step), and the table reports
 the fraction of it that the solver reaches, plus the speed relative to FP32/FP32 on the
@@ -37,7 +37,15 @@ from experiments._report import (
     save_figure,
 )
 
-__all__ = ["FLUIDX3D_H200_MLUPS", "Settings", "run", "settings_for"]
+__all__ = [
+    "FLUIDX3D_H200_MLUPS",
+    "Settings",
+    "analyse_rows",
+    "evaluate_checks",
+    "fluidx3d_rows",
+    "run",
+    "settings_for",
+]
 
 #: FluidX3D's published D3Q19 figures on an NVIDIA H200 (MLUPs).
 FLUIDX3D_H200_MLUPS: dict[str, float] = {
@@ -95,16 +103,7 @@ _SETTINGS = {
             ("D3Q19", 256),
             ("D3Q27", 128),
         ),
-        storages=(
-            "fp64",
-            "fp32",
-            "fp16",
-            "fp16s",
-            "fp16c",
-            "posit16",
-            "posit16_es2",
-            "bf16",
-        ),
+        storages=lbm_jax.list_storages(),
         updates=4e9,  # about 0.2 s per repeat at FluidX3D's H200 speed
         repeats=7,
         bandwidth_mib=1024,
@@ -124,7 +123,8 @@ def _canonical(storage: str) -> str:
 
 
 def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
-    bandwidths = [float(lbm_jax.measure_bandwidth(size_mib=settings.bandwidth_mib))]
+    mib = settings.bandwidth_mib
+    bandwidths = [float(lbm_jax.bench.measure_bandwidth(size_mib=mib))]
     rows = []
     configs = [(lat, n, s) for lat, n in settings.grids for s in settings.storages]
     for lattice, n, storage in progress(configs, desc="lbm_performance"):
@@ -133,11 +133,8 @@ def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
             "repeats": settings.repeats,
             "bandwidth": bandwidths[0],
         }
-        if storage == "fp64":
-            with jax.enable_x64(True):
-                out = lbm_jax.bench(lattice, n, storage, **kwargs)
-        else:
-            out = lbm_jax.bench(lattice, n, storage, **kwargs)
+        with jax.enable_x64(lbm_jax.get_storage(storage).needs_x64):
+            out = lbm_jax.bench.bench(lattice, n, storage, **kwargs)
         rows.append(
             {
                 **{k: v for k, v in out.items() if _is_scalar(v)},
@@ -148,7 +145,7 @@ def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
                 "bytes_per_cell": float(out["bytes_per_cell"]),
             }
         )
-    bandwidths.append(float(lbm_jax.measure_bandwidth(size_mib=settings.bandwidth_mib)))
+    bandwidths.append(float(lbm_jax.bench.measure_bandwidth(size_mib=mib)))
     return rows, bandwidths
 
 
@@ -156,7 +153,7 @@ def _is_scalar(value: Any) -> bool:
     return isinstance(value, bool | int | float | str) or value is None
 
 
-def _analyse(rows: list[dict[str, Any]], bandwidth_gbs: float) -> None:
+def analyse_rows(rows: list[dict[str, Any]], bandwidth_gbs: float) -> None:
     fp32 = {
         (r["lattice"], r["n"]): r["mlups"] for r in rows if r["storage"] == "FP32/FP32"
     }
@@ -168,7 +165,9 @@ def _analyse(rows: list[dict[str, Any]], bandwidth_gbs: float) -> None:
         r["speedup_vs_fp32"] = r["mlups"] / base if base else None
 
 
-def _checks(rows: list[dict[str, Any]], bandwidths: list[float]) -> dict[str, bool]:
+def evaluate_checks(
+    rows: list[dict[str, Any]], bandwidths: list[float]
+) -> dict[str, bool]:
     checks = {
         "bandwidth_measured": all(math.isfinite(b) and b > 0 for b in bandwidths),
         "mlups_positive_finite": all(
@@ -246,7 +245,7 @@ def _figure(rows: list[dict[str, Any]], out_dir: Path) -> Path:
     return save_figure(fig, out_dir / "mlups.png")
 
 
-def _fluidx3d_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+def fluidx3d_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     d3q19 = [r for r in rows if r["lattice"] == "D3Q19"]
     if not d3q19:
         return []
@@ -274,9 +273,9 @@ def _report(
         f"Scale **{scale}** on {env['backend']} ({env['device_kind']}, "
         f"{env['device_count']} device(s)); git `{env['git_commit']}`.",
         "",
-        "Each row: the compiled solver (`lbm_jax.bench`) timed after warm-up, median "
-        "of the timed repeats, `block_until_ready`. The memory bandwidth was measured "
-        f"in the same run (STREAM-like, `lbm_jax.measure_bandwidth`): "
+        "Each row: the compiled solver (`lbm_jax.bench.bench`) timed after warm-up, "
+        "median of the timed repeats, `block_until_ready`. The memory bandwidth was "
+        f"measured in the same run (STREAM-like, `lbm_jax.bench.measure_bandwidth`): "
         f"**{bandwidth:.1f} GB/s**. Roofline = bandwidth / bytes per cell; "
         "'vs FP32' is the speed ratio to FP32/FP32 on the same grid.",
         "",
@@ -333,8 +332,8 @@ def run(
     rows, bandwidths = _measure(settings)
     load = (load_before, os.getloadavg()[0])
     bandwidth = statistics.median(bandwidths)
-    _analyse(rows, bandwidth)
-    checks = _checks(rows, bandwidths)
+    analyse_rows(rows, bandwidth)
+    checks = evaluate_checks(rows, bandwidths)
     table = markdown_table(
         [
             "lattice",
@@ -360,7 +359,7 @@ def run(
             for r in rows
         ],
     )
-    fluidx3d = _fluidx3d_rows(rows) if env["backend"] == "gpu" else []
+    fluidx3d = fluidx3d_rows(rows) if env["backend"] == "gpu" else []
     _figure(rows, out_dir)
     _framework.write_json(
         out_dir / "results.json",

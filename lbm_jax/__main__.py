@@ -44,8 +44,10 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
+    from lbm_jax import Collision
     from lbm_jax.cases import CASES
 
+    collisions = [c.value for c in Collision]
     parser = argparse.ArgumentParser(
         prog="python -m lbm_jax",
         description="Lattice Boltzmann validation cases and benchmarks.",
@@ -67,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="DDF-shifting of stored populations (default on)",
     )
     run.add_argument("--lattice", default=None, help="cavity lattice: D2Q9 or D3Q19")
-    run.add_argument("--collision", choices=("bgk", "trt"), default=None)
+    run.add_argument("--collision", choices=collisions, default=None)
     run.add_argument(
         "--u-ref", type=float, default=None, help="characteristic velocity"
     )
@@ -95,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--steps", type=int, default=None)
     bench.add_argument("--repeats", type=int, default=5)
-    bench.add_argument("--collision", choices=("bgk", "trt"), default="bgk")
+    bench.add_argument("--collision", choices=collisions, default="bgk")
     bench.add_argument(
         "--devices",
         type=int,
@@ -112,7 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _needs_x64(storage: str) -> bool:
-    return storage.strip().lower() in ("fp64", "fp64/fp64")
+    """Whether a storage policy name needs 64-bit types (unknown names do not)."""
+    from lbm_jax import get_storage
+
+    try:
+        return get_storage(storage).needs_x64
+    except (ValueError, TypeError):  # reported by the validation that follows
+        return False
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -205,7 +213,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         kwargs: dict = {"steps": args.steps, "repeats": args.repeats}
         if not args.all:
             kwargs.update(problems=((args.lattice, args.n),), storages=storages)
-        x64 = args.all or any(_needs_x64(s) for s in storages)
+        x64 = args.all or any(map(_needs_x64, storages))
         with jax.enable_x64(x64):  # FP64/FP64 needs 64-bit types
             report = bench.bench_all(rounds=args.rounds, **kwargs)
         results = report["results"]

@@ -399,13 +399,16 @@ class Simulation:
 
     # -- the compiled step ------------------------------------------------------
     def step(self, state: LBMState, force: ArrayLike | None = None) -> LBMState:
-        """One fused streaming + collision step (pure, jit-able).
+        """One fused streaming + collision step (pure, compiled, jit-able).
 
         Args:
             state: Current state.
             force: Body force of this step, ``(D,)`` or ``(D, *shape)`` (traced: a
                 new value never recompiles); ``None`` uses the construction force.
         """
+        return self._step_jit(self, state, force)
+
+    def _step_impl(self, state: LBMState, force: ArrayLike | None) -> LBMState:
         aux = self._aux_with(force)
 
         def one(aux: _Aux, f: jax.Array) -> jax.Array:
@@ -413,6 +416,10 @@ class Simulation:
 
         f = self._sharded(one, aux)(aux, state.f)
         return LBMState(f=f, t=state.t + 1)
+
+    # compiled once per simulation (its configuration is the static part of the
+    # pytree); inside a traced function the call is inlined
+    _step_jit = staticmethod(jax.jit(_step_impl))
 
     def advance(
         self,

@@ -89,6 +89,11 @@ class StoragePolicy:
         """Short name, e.g. ``"fp16s"``."""
         return _POLICIES[self.name][0]
 
+    @property
+    def needs_x64(self) -> bool:
+        """Whether the policy computes in float64 (JAX's 64-bit types must be on)."""
+        return self.compute_dtype == np.dtype(np.float64)
+
     def encode(self, f: jax.Array) -> jax.Array:
         """Encode (already shifted, if shifting) compute-dtype values for storage."""
         if self.storage_dtype == np.dtype(self.compute_dtype):
@@ -103,9 +108,7 @@ class StoragePolicy:
 
     def check_enabled(self) -> None:
         """Raise ``ValueError`` if the compute dtype is unavailable (x64 off)."""
-        if self.compute_dtype == np.dtype(np.float64) and not jax.config.read(
-            "jax_enable_x64"
-        ):
+        if self.needs_x64 and not jax.config.read("jax_enable_x64"):
             raise ValueError(
                 f"Storage policy {self.name} computes in float64, but 64-bit types "
                 "are disabled in JAX. Enable them before building the simulation, "

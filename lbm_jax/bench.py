@@ -231,7 +231,7 @@ def bench_all(
         else tuple(get_storage(s).name for s in storages)
     )
     x64 = bool(jax.config.read("jax_enable_x64"))
-    names = tuple(s for s in names if x64 or not s.upper().startswith("FP64"))
+    names = tuple(s for s in names if x64 or not get_storage(s).needs_x64)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}.")
     before = measure_bandwidth()

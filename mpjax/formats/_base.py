@@ -195,7 +195,7 @@ class NumberFormat(abc.ABC):
         arr = check_float_input(x, f"{self.name}.encode")
         self._check_x64(f"{self.name}.encode")
         wdt = working_dtype(arr.dtype)
-        return _encode_jit(self, arr.astype(wdt))
+        return self._encode_compiled(arr.astype(wdt))
 
     def decode(self, stored: Any, dtype: Any = jnp.float32) -> jax.Array:
         """Returns the values held by the stored codes `stored`.
@@ -226,7 +226,7 @@ class NumberFormat(abc.ABC):
         self._check_x64(who)
         out = check_output_dtype(dtype, who)
         wdt = working_dtype(out)
-        return _decode_jit(self, jnp.asarray(stored), wdt).astype(out)
+        return self._decode_compiled(jnp.asarray(stored), wdt).astype(out)
 
     def round(self, x: Any, *, straight_through: bool = False) -> jax.Array:
         """Returns `decode(encode(x))`: the value this format would hold.
@@ -245,20 +245,25 @@ class NumberFormat(abc.ABC):
         self._check_x64(f"{self.name}.round")
         if straight_through:
             return _round_ste(self, arr)
-        return jax.lax.stop_gradient(_round_impl(self, arr))
+        wdt = working_dtype(arr.dtype)
+        out = self._decode_compiled(self._encode_compiled(arr.astype(wdt)), wdt)
+        return jax.lax.stop_gradient(out.astype(arr.dtype))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _encode_compiled(self, x: jax.Array) -> jax.Array:
+        return self._encode(x)
+
+    @functools.partial(jax.jit, static_argnums=(0, 2))
+    def _decode_compiled(self, stored: jax.Array, dtype: np.dtype) -> jax.Array:
+        return self._decode(stored, dtype)
 
     def __str__(self) -> str:
         return self.name
 
 
-def _round_impl(fmt: NumberFormat, x: jax.Array) -> jax.Array:
-    wdt = working_dtype(x.dtype)
-    return _decode_jit(fmt, _encode_jit(fmt, x.astype(wdt)), wdt).astype(x.dtype)
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _round_ste(fmt: NumberFormat, x: jax.Array) -> jax.Array:
-    return _round_impl(fmt, x)
+    return fmt.round(x)
 
 
 @_round_ste.defjvp
@@ -267,13 +272,3 @@ def _round_ste_jvp(
 ) -> tuple[jax.Array, jax.Array]:
     (x,), (t,) = primals, tangents
     return _round_ste(fmt, x), t
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _encode_jit(fmt: NumberFormat, x: jax.Array) -> jax.Array:
-    return fmt._encode(x)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _decode_jit(fmt: NumberFormat, stored: jax.Array, dtype: np.dtype) -> jax.Array:
-    return fmt._decode(stored, dtype)

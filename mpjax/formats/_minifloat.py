@@ -375,6 +375,6 @@ def minifloat(
         raise ValueError(
             f"format {name!r} spans [{fmt.min_normal:g}, {fmt.max:g}] (min normal, "
             "max), which must lie within float32's normal range [2**-126, 2**128); "
-            f"choose a bias between {fmt._top_exponent - 127} and 127"
+            f"choose a bias between {math.frexp(fmt.max)[1] - 1 + bias - 127} and 127"
         )
     return fmt

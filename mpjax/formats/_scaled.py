@@ -94,7 +94,7 @@ class ScaledFormat(NumberFormat):
     def _encode(self, x: jax.Array) -> jax.Array:
         factor = jnp.asarray(2.0**self.exponent, x.dtype)
         if self._tiny_products_vanish:
-            return self.inner._encode(x * factor)
+            return self.inner.encode(x * factor)
         # Products that leave the normal range (and subnormal x, which the CPU may
         # treat as zero) are decided on the exponent bits, not with float
         # arithmetic: they become the smallest normal of x's sign, which the inner
@@ -112,11 +112,11 @@ class ScaledFormat(NumberFormat):
         negative = (bits >> jnp.asarray(src.width - 1, src.uint)) != 0
         tiny = jnp.asarray(np.finfo(x.dtype).tiny, x.dtype)
         y = jnp.where(tiny_result, jnp.where(negative, -tiny, tiny), x * factor)
-        return self.inner._encode(y)
+        return self.inner.encode(y)
 
     def _decode(self, stored: jax.Array, dtype: np.dtype) -> jax.Array:
         factor = jnp.asarray(2.0**-self.exponent, dtype)
-        return self.inner._decode(stored, dtype) * factor
+        return self.inner.decode(stored, dtype) * factor
 
 
 def scaled(fmt: NumberFormat, exponent: int, name: str | None = None) -> ScaledFormat:

@@ -65,7 +65,7 @@ def test_lbm_accuracy_tiny_error_ordering(accuracy):
 
 def test_lbm_accuracy_checks_detect_wrong_ordering():
     def rec(storage, shift, err, l2=1e-3):
-        label = lbm_accuracy._label(storage, shift)
+        label = lbm_accuracy.storage_label(storage, shift)
         return {
             "storage": lbm_jax.get_storage(storage).name,
             "shift": shift,
@@ -78,13 +78,13 @@ def test_lbm_accuracy_checks_detect_wrong_ordering():
     good = [rec("fp64", True, 0.0), rec("fp32", True, 1e-7), rec("fp16s", True, 1e-3)]
     bad = [*good, rec("fp16", False, 1e-4)]  # unshifted FP16 "better": must fail
     settings = lbm_accuracy.settings_for("tiny")
-    checks = lbm_accuracy._checks(
+    checks = lbm_accuracy.evaluate_checks(
         bad, good + [rec("fp16", False, 1.0)], [], [], settings
     )
     assert checks["poiseuille_fp16_unshifted_worse_than_fp16s"] is False
     assert checks["taylor_green_fp16_unshifted_worse_than_fp16s"] is True
     unstable = [*good[:2], {**rec("fp16s", True, math.inf), "stable": False}]
-    checks = lbm_accuracy._checks(unstable, good, [], [], settings)
+    checks = lbm_accuracy.evaluate_checks(unstable, good, [], [], settings)
     assert checks["poiseuille_shifted_16bit_finite"] is False
 
 
@@ -132,8 +132,8 @@ def test_lbm_performance_checks_catch_inconsistent_bytes():
             "bytes_per_cell": 152.0,
         },
     ]
-    lbm_performance._analyse(rows, 20.0)
-    checks = lbm_performance._checks(rows, [20.0, 21.0])
+    lbm_performance.analyse_rows(rows, 20.0)
+    checks = lbm_performance.evaluate_checks(rows, [20.0, 21.0])
     assert checks["bytes_per_cell_consistent"] is False
     assert checks["mlups_positive_finite"] is True
     assert np.isclose(rows[1]["speedup_vs_fp32"], 1.2)

@@ -39,7 +39,7 @@ def test_fluidx3d_comparison_uses_largest_d3q19_grid():
         {"lattice": "D3Q19", "n": 256, "storage": "FP32/FP16S", "mlups": 36610.0},
         {"lattice": "D2Q9", "n": 4096, "storage": "FP32/FP32", "mlups": 9e9},
     ]
-    table = {r[0]: r for r in lbm_performance._fluidx3d_rows(rows)}
+    table = {r[0]: r for r in lbm_performance.fluidx3d_rows(rows)}
     assert set(table) == set(lbm_performance.FLUIDX3D_H200_MLUPS)
     assert table["FP32/FP32"][2] == 11528.0 and table["FP32/FP32"][3] == 0.5
     assert table["FP32/FP16S"][3] == 1.0

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import CellType, Simulation, get_lattice
+from lbm_jax import CellType, Collision, Simulation, get_lattice
 from lbm_jax._boundaries import link_mask
 
 
@@ -51,7 +51,7 @@ def test_closed_box_conserves_mass_exactly(x64):
     np.testing.assert_array_equal(rho[~fluid], 1.0)
 
 
-@pytest.mark.parametrize("collision", ["bgk", "trt"])
+@pytest.mark.parametrize("collision", [c.value for c in Collision])
 def test_couette_flow_is_linear_between_a_moving_and_a_resting_wall(collision, x64):
     n, uw = 10, 0.05
     ct = np.zeros((3, n + 2), np.int8)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import CellType, Simulation, run
+from lbm_jax import CellType, Collision, Simulation, run
 
 STORAGES = [
     "fp64",
@@ -97,7 +97,7 @@ def test_advance_validates_steps():
         sim.advance(sim.init(), -1)
 
 
-@pytest.mark.parametrize("collision", ["bgk", "trt"])
+@pytest.mark.parametrize("collision", [c.value for c in Collision])
 def test_shear_wave_decays_at_the_viscous_rate(collision):
     n, amplitude, steps = 64, 0.01, 300
     sim = Simulation("D2Q9", (4, n), tau=0.8, collision=collision)
