@@ -1,0 +1,44 @@
+"""Documentation examples run: every lbm_jax docstring and the README's coupled step."""
+
+import doctest
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lbm_jax
+
+MODULES = sorted(
+    m.name
+    for m in pkgutil.walk_packages(lbm_jax.__path__, "lbm_jax.")
+    if not m.name.endswith("__main__")
+)
+
+
+@pytest.mark.parametrize("name", ["lbm_jax", *MODULES])
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name), verbose=False)
+    assert result.failed == 0
+
+
+def test_the_driver_documents_a_coupled_step():
+    assert doctest.testmod(importlib.import_module("lbm_jax._run")).attempted >= 10
+
+
+def _readme_block(heading: str) -> str:
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text[text.index(heading) :]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_coupled_step_example_runs(capsys):
+    namespace: dict = {}
+    exec(_readme_block("### Coupled physics"), namespace)
+    result = namespace["result"]
+    np.testing.assert_array_equal(result.samples.steps, np.arange(20, 201, 20))
+    x = result.samples.values[:, 0]
+    assert np.all(np.diff(x) > 0) and x[-1] > 8.0
+    assert "[ 20  40" in capsys.readouterr().out
