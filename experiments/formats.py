@@ -63,7 +63,8 @@ _SETTINGS = {
     "full": Settings(bench_log2n=26, repeats=7, error_samples=2**20, speed_checks=True),
 }
 
-_SWEEP = ("bfloat16", "float16", "fp16s", "fp16c", "posit16", "posit16_es2")
+#: The 16-bit formats, in the registry's order.
+_SWEEP = tuple(n for n in formats.list_formats() if formats.get_format(n).bits == 16)
 
 
 def settings_for(scale: str) -> Settings:

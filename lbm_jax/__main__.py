@@ -44,7 +44,7 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
-    from lbm_jax import Collision
+    from lbm_jax import Collision, list_lattices
     from lbm_jax.cases import CASES
 
     collisions = [c.value for c in Collision]
@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="DDF-shifting of stored populations (default on)",
     )
-    run.add_argument("--lattice", default=None, help="cavity lattice: D2Q9 or D3Q19")
+    run.add_argument(
+        "--lattice",
+        default=None,
+        help=f"cavity lattice ({', '.join(list_lattices())})",
+    )
     run.add_argument("--collision", choices=collisions, default=None)
     run.add_argument(
         "--u-ref", type=float, default=None, help="characteristic velocity"
