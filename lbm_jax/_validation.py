@@ -50,7 +50,9 @@ def check_int(
             f"{name} must be an integer, got {value!r} of type {type(value).__name__}."
         )
     if value < minimum or (maximum is not None and value > maximum):
-        bound = f"in [{minimum}, {maximum}]" if maximum else f"at least {minimum}"
+        bound = (
+            f"at least {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        )
         raise ValueError(f"{name} must be {bound}, got {value}.")
     return int(value)
 
