@@ -13,9 +13,11 @@ float64 for the arithmetic, once per fused streaming + collision step.
 
 from lbm_jax import bench, cases
 from lbm_jax._boundaries import CellType
+from lbm_jax._checkpoint import Checkpoint, code_version
 from lbm_jax._collision import Collision, CollisionModel
 from lbm_jax._io import load_state, save_state, write_vti
 from lbm_jax._lattice import Lattice, get_lattice, list_lattices
+from lbm_jax._loop import History
 from lbm_jax._observables import (
     density,
     momentum_exchange_force,
@@ -23,7 +25,6 @@ from lbm_jax._observables import (
     vorticity,
 )
 from lbm_jax._run import (
-    History,
     InstabilityError,
     RunResult,
     RunStats,
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_MACH",
     "MIN_TAU",
     "CellType",
+    "Checkpoint",
     "Collision",
     "CollisionModel",
     "History",
@@ -54,6 +56,7 @@ __all__ = [
     "StoragePolicy",
     "bench",
     "cases",
+    "code_version",
     "density",
     "get_lattice",
     "get_storage",

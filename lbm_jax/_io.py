@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,19 @@ import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. as NumPy dtype names)
 import numpy as np
 
-__all__ = ["load_state", "save_state", "write_vti"]
+__all__ = [
+    "CorruptCheckpointError",
+    "load_state",
+    "read_metadata",
+    "save_state",
+    "write_vti",
+]
 
 _FORMAT = "lbm_jax.checkpoint/1"
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file cannot be read (truncated, or its bytes damaged)."""
 
 
 def _key_name(key_path: tuple[Any, ...]) -> str:
@@ -66,7 +77,9 @@ def save_state(
     """Write a pytree of arrays and a JSON metadata record to ``path`` (``.npz``).
 
     Args:
-        path: Destination file; written atomically (temporary file, then rename).
+        path: Destination file; written atomically (a temporary file, flushed to
+            disk with ``fsync``, then renamed over ``path``), so a process killed
+            while saving leaves either the old file or the new one.
         state: Any pytree whose leaves are arrays or scalars (e.g. the solver
             state); leaves are fetched to the host.
         metadata: JSON-serialisable extra information (step count, parameters).
@@ -107,7 +120,63 @@ def save_state(
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the platform allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. directories cannot be opened on Windows
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata record of a checkpoint, without reading its arrays.
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: If the file is not a readable checkpoint (e.g. truncated).
+    """
+    return _header(path)["metadata"]
+
+
+def _header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"PK\x03\x04":  # every .npz is a zip archive
+            raise CorruptCheckpointError(
+                f"{str(path)!r} is not a readable checkpoint (not an .npz archive); "
+                "it may have been truncated or overwritten."
+            )
+    try:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
+            if "header" not in data.files:
+                raise ValueError(
+                    f"{str(path)!r} is not an lbm_jax checkpoint (no header); write "
+                    "checkpoints with lbm_jax.save_state."
+                )
+            header = json.loads(data["header"].tobytes().decode("utf-8"))
+    except (OSError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
+            f"{err}); it may have been truncated."
+        ) from err
+    if header.get("format") != _FORMAT:
+        raise ValueError(
+            f"{str(path)!r} has checkpoint format {header.get('format')!r}, "
+            f"expected {_FORMAT!r}."
+        )
+    return header
 
 
 def load_state(
@@ -129,29 +198,23 @@ def load_state(
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the file is not a checkpoint or does not match ``like``.
+        ValueError: If the file is not a (readable) checkpoint or does not match
+            ``like``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"No checkpoint at {str(path)!r}.")
-    with np.load(path, allow_pickle=False) as data:
-        if "header" not in data.files:
-            raise ValueError(
-                f"{str(path)!r} is not an lbm_jax checkpoint (no header); write "
-                "checkpoints with lbm_jax._io.save_state."
-            )
-        header = json.loads(data["header"].tobytes().decode("utf-8"))
-        if header.get("format") != _FORMAT:
-            raise ValueError(
-                f"{str(path)!r} has checkpoint format {header.get('format')!r}, "
-                f"expected {_FORMAT!r}."
-            )
-        leaves = []
-        for i, info in enumerate(header["leaves"]):
-            dtype = np.dtype(info["dtype"])
-            raw = data[f"leaf_{i}"]
-            a = raw.astype(np.bool_) if dtype == np.bool_ else raw.view(dtype)
-            leaves.append(a.reshape(info["shape"]))
+    header = _header(path)
+    try:
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
+            leaves = []
+            for i, info in enumerate(header["leaves"]):
+                dtype = np.dtype(info["dtype"])
+                raw = data[f"leaf_{i}"]
+                a = raw.astype(np.bool_) if dtype == np.bool_ else raw.view(dtype)
+                leaves.append(a.reshape(info["shape"]))
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
+            f"{err}); it may have been truncated."
+        ) from err
     metadata = header["metadata"]
     if like is None:
         state = {

@@ -59,8 +59,6 @@ True
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -69,9 +67,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from tqdm.auto import tqdm
 
+from lbm_jax._checkpoint import Checkpoint
+from lbm_jax._loop import History, Plan, run_chunk, split
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_int, check_steps
 
@@ -114,31 +113,6 @@ class InstabilityError(RuntimeError):
         )
 
 
-class History(NamedTuple):
-    """The most recent samples of a run, as ``stop(state, history)`` sees them.
-
-    Attributes:
-        values: The sampled pytree; every leaf has a leading axis of ``window``
-            slots, filled in turn (sample ``k`` lives in slot ``k % window``).
-            ``None`` when the run observes nothing.
-        count: Number of samples taken so far in this run (int32 scalar).
-    """
-
-    values: Any
-    count: jax.Array
-
-    def latest(self, k: int = 0) -> Any:
-        """The ``k``-th most recent sample (``0``: the newest).
-
-        Meaningful only when ``count > k``; check ``count`` before relying on it.
-        """
-        leaves = jax.tree.leaves(self.values)
-        if not leaves:
-            return self.values
-        slot = (self.count - 1 - k) % leaves[0].shape[0]
-        return jax.tree.map(lambda v: v[slot], self.values)
-
-
 class Samples(NamedTuple):
     """The samples of a run, on the host.
 
@@ -161,7 +135,9 @@ class RunStats(NamedTuple):
         mlups: Million lattice-cell updates per second over ``seconds``, counting
             the cells of every :class:`~lbm_jax.LBMState` in the state; ``None``
             when the state holds none or nothing ran.
-        stopped: Whether ``stop`` ended the run early.
+        stopped: Whether ``stop`` ended the run (possibly before a resume).
+        resumed_from: The step (counted from the run's start) of the checkpoint
+            this call resumed from, or ``None``.
     """
 
     steps: int
@@ -169,6 +145,7 @@ class RunStats(NamedTuple):
     compile_seconds: float
     mlups: float | None
     stopped: bool
+    resumed_from: int | None = None
 
 
 class RunResult(NamedTuple):
@@ -213,143 +190,6 @@ def steady(tol: float, *, interval: int = 1) -> Callable[[Any, History], jax.Arr
     return stop
 
 
-# -- static description of a compiled chunk -------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Frozen:
-    """A callable with its array leaves taken out (hashable, a static argument)."""
-
-    treedef: Any
-    leaves: tuple[Any, ...]
-    dynamic: tuple[int, ...]
-    method: bool
-
-
-def _split(fn: Any) -> tuple[list[Any], _Frozen | None]:
-    """Split a callable into its array leaves and a hashable remainder."""
-    if fn is None:
-        return [], None
-    method = inspect.ismethod(fn)
-    leaves, treedef = jax.tree.flatten((fn.__func__, fn.__self__) if method else fn)
-    dynamic = tuple(
-        i for i, x in enumerate(leaves) if isinstance(x, jax.Array | np.ndarray)
-    )
-    static = tuple(None if i in dynamic else x for i, x in enumerate(leaves))
-    return [leaves[i] for i in dynamic], _Frozen(treedef, static, dynamic, method)
-
-
-def _join(frozen: _Frozen | None, dynamic: list[Any]) -> Any:
-    """Rebuild a callable split by :func:`_split` (with traced arrays)."""
-    if frozen is None:
-        return None
-    leaves = list(frozen.leaves)
-    for i, x in zip(frozen.dynamic, dynamic, strict=True):
-        leaves[i] = x
-    tree = jax.tree.unflatten(frozen.treedef, leaves)
-    return functools.partial(tree[0], tree[1]) if frozen.method else tree
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    step: _Frozen
-    simulation: bool
-    healthy: _Frozen
-    observe: _Frozen | None
-    stop: _Frozen | None
-    check_every: int
-    sample_every: int
-    window: int
-
-
-def _chunk_impl(
-    dynamic: tuple[list[Any], ...],
-    state: Any,
-    buffer: Any,
-    count: jax.Array,
-    start: jax.Array,
-    end: jax.Array,
-    plan: _Plan,
-) -> tuple[Any, ...]:
-    """Advance from step ``start`` to ``end`` (counted from the run's start)."""
-    step, healthy, observe, stop = (
-        _join(f, d)
-        for f, d in zip(
-            (plan.step, plan.healthy, plan.observe, plan.stop), dynamic, strict=True
-        )
-    )
-    check, every = plan.check_every, plan.sample_every
-
-    def advance(state: Any, k: jax.Array) -> Any:
-        if plan.simulation:
-            return step.advance(state, k)
-        return lax.fori_loop(0, k, lambda _, s: step(s), state)
-
-    def is_healthy(state: Any) -> jax.Array:
-        ok = jnp.asarray(healthy(state))
-        if ok.shape != () or ok.dtype != jnp.bool_:
-            raise TypeError(
-                f"healthy(state) must return a bool scalar, got {ok.dtype} {ok.shape}."
-            )
-        return ok
-
-    def sample(state: Any, buffer: Any, count: jax.Array) -> tuple[Any, ...]:
-        if observe is not None:
-            value = observe(state)
-            buffer = jax.tree.map(
-                lambda b, v: lax.dynamic_update_index_in_dim(
-                    b, jnp.asarray(v).astype(b.dtype), count % plan.window, 0
-                ),
-                buffer,
-                value,
-            )
-        count = count + 1
-        stopped = jnp.asarray(False)
-        if stop is not None:
-            stopped = jnp.asarray(stop(state, History(buffer, count)))
-            if stopped.shape != () or stopped.dtype != jnp.bool_:
-                raise TypeError(
-                    "stop(state, history) must return a bool scalar, got "
-                    f"{stopped.dtype} {stopped.shape}."
-                )
-        return buffer, count, stopped
-
-    def cond(carry: tuple[Any, ...]) -> jax.Array:
-        _, _, _, t, bad, _, stopped = carry
-        return (t < end) & (bad < 0) & ~stopped
-
-    def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        state, buffer, count, t, bad, last_good, stopped = carry
-        target = (t // check + 1) * check
-        if every:
-            target = jnp.minimum(target, (t // every + 1) * every)
-        target = jnp.minimum(target, end)
-        state = advance(state, target - t)
-        t = target
-        at_check = (t % check == 0) | (t == end)
-        ok = lax.cond(at_check, is_healthy, lambda _: jnp.asarray(True), state)
-        bad = jnp.where(ok, bad, t)
-        last_good = jnp.where(at_check & ok, t, last_good)
-        if every:
-            buffer, count, stopped = lax.cond(
-                ok & (t % every == 0),
-                sample,
-                lambda _, b, c: (b, c, jnp.asarray(False)),
-                state,
-                buffer,
-                count,
-            )
-        return state, buffer, count, t, bad, last_good, stopped
-
-    carry = (state, buffer, count, start, jnp.int32(-1), start, jnp.asarray(False))
-    return lax.while_loop(cond, body, carry)
-
-
-_chunk = jax.jit(
-    _chunk_impl, static_argnames=("plan",), donate_argnames=("state", "buffer")
-)
-
-
 def _all_finite(state: Any) -> jax.Array:
     """Default health check: every floating-point value of the state is finite."""
     flags = [
@@ -391,6 +231,7 @@ def run(
     every: int | None = None,
     progress: bool = False,
     window: int = 64,
+    checkpoint: Checkpoint | None = None,
 ) -> RunResult:
     """Advance ``state`` by ``steps`` steps of ``step``, checked, sampled, timed.
 
@@ -419,6 +260,10 @@ def run(
         progress: Show a tqdm progress bar.
         window: Samples the device keeps for ``stop`` (``history``); a chunk holds
             at most this many samples.
+        checkpoint: A :class:`~lbm_jax.Checkpoint`: save the state, the samples
+            and the step counter every ``checkpoint.every`` steps (and at the
+            end), and resume from the newest readable checkpoint. A resumed run
+            continues bit for bit; ``steps`` still counts from the original start.
 
     Returns:
         A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
@@ -452,6 +297,10 @@ def run(
             raise TypeError(f"{name} must be callable, got {fn!r}.")
     if callback is not None and every is None:
         raise ValueError("callback needs every=<steps between calls>.")
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(
+            f"checkpoint must be a lbm_jax.Checkpoint, got {type(checkpoint).__name__}."
+        )
     if every is not None:
         every = check_int(every, "every", 1)
     sampling = observe is not None or stop is not None
@@ -471,8 +320,8 @@ def run(
         healthy = _all_finite if sim is None else sim.healthy
     else:
         reason = "healthy(state) returned False"
-    parts = [_split(fn) for fn in (step, healthy, observe, stop)]
-    plan = _Plan(
+    parts = [split(fn) for fn in (step, healthy, observe, stop)]
+    plan = Plan(
         step=parts[0][1],
         simulation=sim is not None,
         healthy=parts[1][1],
@@ -500,12 +349,36 @@ def run(
             lambda a: jnp.zeros((window, *a.shape), a.dtype),
             jax.eval_shape(observe, state),
         )
-    if steps == 0:
-        samples = None if observe is None else _samples([], buffer, sample_every, t0)
-        return RunResult(state, samples, RunStats(0, 0.0, 0.0, None, False))
+    kept: list[Any] = []  # samples on the host, one block per chunk
+    done = count = 0
+    stopped = False
+    resumed_from = None
+    if checkpoint is not None and checkpoint.resume:
+        restored = checkpoint.restore(
+            lambda record: _saved_tree(state, buffer, [], record["count"]),
+            expect={"sample_every": sample_every or 0},
+        )
+        if restored is not None:
+            tree, record = restored
+            state = tree["state"]
+            done, count, t0 = record["done"], record["count"], record["t0"]
+            stopped, resumed_from = record["stopped"], done
+            if count:
+                kept.append(jax.device_get(tree["samples"]))
+                buffer = _refill(buffer, kept[0], window)
+
+    def finish(state: Any, seconds: float, compile_seconds: float) -> RunResult:
+        ran = done - (resumed_from or 0)
+        mlups = cells * ran / seconds / 1e6 if cells and seconds > 0 else None
+        samples = None if observe is None else _samples(kept, buffer, sample_every, t0)
+        stats = RunStats(ran, seconds, compile_seconds, mlups, stopped, resumed_from)
+        return RunResult(state, samples, stats)
+
+    if done >= steps or stopped:
+        return finish(state, 0.0, 0.0)
 
     def call(state: Any, buffer: Any, count: int, start: int, end: int):
-        return _chunk(
+        return run_chunk(
             dynamic,
             state,
             buffer,
@@ -516,7 +389,7 @@ def run(
         )
 
     tic = time.perf_counter()  # compile (or fetch) the program: a zero-step call
-    state, buffer, *_ = jax.block_until_ready(call(state, buffer, 0, 0, 0))
+    state, buffer, *_ = jax.block_until_ready(call(state, buffer, count, done, done))
     compile_seconds = time.perf_counter() - tic
 
     chunk = every if every is not None else steps
@@ -524,15 +397,11 @@ def run(
         chunk = min(chunk, max(1, -(-steps // 100)))
     if sampling:
         chunk = min(chunk, window * sample_every)
-    kept: list[Any] = []
-    done = count = 0
+    boundaries = [n for n in (every, checkpoint and checkpoint.every) if n]
     seconds = 0.0
-    stopped = False
-    with tqdm(total=steps, disable=not progress, unit="step") as bar:
+    with tqdm(total=steps, initial=done, disable=not progress, unit="step") as bar:
         while done < steps and not stopped:
-            end = min(done + chunk, steps)
-            if every is not None:
-                end = min(end, (done // every + 1) * every)
+            end = min([done + chunk, steps] + [(done // n + 1) * n for n in boundaries])
             tic = time.perf_counter()
             state, buffer, new_count, t, bad, last_good, stop_flag = call(
                 state, buffer, count, done, end
@@ -552,12 +421,47 @@ def run(
             bar.update(t - done)
             done = t
             stopped = bool(stop_flag)
+            if checkpoint is not None and (
+                done % checkpoint.every == 0 or done == steps or stopped
+            ):
+                record = {
+                    "done": done,
+                    "count": count,
+                    "t0": t0,
+                    "stopped": stopped,
+                    "sample_every": sample_every or 0,
+                }
+                checkpoint.save(
+                    t0 + done, _saved_tree(state, buffer, kept, count), record
+                )
             if callback is not None and done % every == 0:
                 callback(state)
-    mlups = cells * done / seconds / 1e6 if cells and seconds > 0 else None
-    samples = None if observe is None else _samples(kept, buffer, sample_every, t0)
-    stats = RunStats(done, seconds, compile_seconds, mlups, stopped)
-    return RunResult(state, samples, stats)
+    return finish(state, seconds, compile_seconds)
+
+
+def _saved_tree(state: Any, buffer: Any, kept: list[Any], count: int) -> Any:
+    """What a checkpoint holds: the state and the ``count`` samples so far."""
+    if buffer is None:
+        return {"state": state, "samples": None}
+    if kept:
+        samples = jax.tree.map(lambda *v: np.concatenate(v), *kept)
+    else:  # a template for ``count`` samples
+        samples = jax.tree.map(
+            lambda b: np.zeros((count, *b.shape[1:]), b.dtype), buffer
+        )
+    return {"state": state, "samples": samples}
+
+
+def _refill(buffer: Any, samples: Any, window: int) -> Any:
+    """The device ring buffer holding the last ``window`` of the given samples."""
+
+    def fill(b: jax.Array, v: np.ndarray) -> jax.Array:
+        ring = np.zeros(b.shape, b.dtype)
+        for j in range(max(0, len(v) - window), len(v)):
+            ring[j % window] = v[j]
+        return jnp.asarray(ring)
+
+    return jax.tree.map(fill, buffer, samples)
 
 
 def _samples(kept: list[Any], buffer: Any, every: int, t0: int) -> Samples:

@@ -1,0 +1,195 @@
+"""Checkpoints of the run driver: atomic files, resume bit for bit, refusals."""
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lbm_jax
+from lbm_jax import Checkpoint, Simulation, run
+
+
+@pytest.fixture(scope="module")
+def sim():
+    return Simulation("D2Q9", (16, 12), tau=0.6, storage="fp16s")
+
+
+def _start(sim):
+    rng = np.random.default_rng(3)
+    return sim.init(u=0.03 * rng.standard_normal((2, *sim.shape)))
+
+
+def _observe(sim):
+    return lambda s: {"ux": lbm_jax.velocity(sim, s)[0, 3], "t": s.t}
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def _interrupt(state):
+    raise _Interrupt
+
+
+def _interrupt_at(step):
+    def callback(state):
+        if int(state.t) == step:
+            raise _Interrupt
+
+    return callback
+
+
+def test_checkpoints_are_written_and_pruned(sim, tmp_path):
+    policy = Checkpoint(tmp_path / "ck", every=20, keep=3, metadata={"case": "box"})
+    result = run(sim, _start(sim), 90, checkpoint=policy)
+    names = [p.name for p in policy.files()]
+    assert names == [
+        "step_0000000060.npz",
+        "step_0000000080.npz",
+        "step_0000000090.npz",
+    ]
+    _, meta = lbm_jax.load_state(policy.files()[-1])
+    assert meta["user"] == {"case": "box"}
+    assert meta["run"]["done"] == 90 and meta["run"]["t0"] == 0
+    assert not list((tmp_path / "ck").glob("*.tmp"))
+    assert result.stats.resumed_from is None
+
+
+def test_interrupted_run_resumes_bit_for_bit_with_its_samples(sim, tmp_path):
+    straight = run(sim, _start(sim), 100, observe=_observe(sim), sample_every=10)
+    policy = Checkpoint(tmp_path, every=20, metadata={"run": 1})
+    with pytest.raises(_Interrupt):
+        run(
+            sim,
+            _start(sim),
+            100,
+            observe=_observe(sim),
+            sample_every=10,
+            checkpoint=policy,
+            callback=_interrupt_at(60),
+            every=30,
+        )
+    assert policy.files()[-1].name == "step_0000000060.npz"
+    resumed = run(
+        sim, _start(sim), 100, observe=_observe(sim), sample_every=10, checkpoint=policy
+    )
+    assert resumed.stats.resumed_from == 60 and resumed.stats.steps == 40
+    chex.assert_trees_all_equal(resumed.state, straight.state)
+    np.testing.assert_array_equal(resumed.samples.steps, straight.samples.steps)
+    chex.assert_trees_all_equal(resumed.samples.values, straight.samples.values)
+
+
+def test_steady_stop_resumes_with_its_history(tmp_path):
+    cell_type = np.zeros((4, 18), np.int8)
+    cell_type[:, [0, -1]] = int(lbm_jax.CellType.SOLID)
+    sim = Simulation("D2Q9", (4, 18), tau=1.0, force=(1e-5, 0.0), cell_type=cell_type)
+
+    def energy(s):
+        return jnp.sum(lbm_jax.velocity(sim, s) ** 2)
+
+    kwargs = dict(observe=energy, sample_every=50, stop=lbm_jax.steady(1e-3), window=2)
+    straight = run(sim, sim.init(), 100_000, **kwargs)
+    policy = Checkpoint(tmp_path, every=500)
+    with pytest.raises(_Interrupt):
+        run(
+            sim,
+            sim.init(),
+            100_000,
+            checkpoint=policy,
+            callback=_interrupt_at(1000),
+            every=1000,
+            **kwargs,
+        )
+    resumed = run(sim, sim.init(), 100_000, checkpoint=policy, **kwargs)
+    assert resumed.stats.resumed_from == 1000 and resumed.stats.stopped
+    assert int(resumed.state.t) == int(straight.state.t) > 1000
+    chex.assert_trees_all_equal(resumed.state, straight.state)
+    # a finished run resumes to its end at once
+    again = run(sim, sim.init(), 100_000, checkpoint=policy, **kwargs)
+    assert again.stats.steps == 0 and again.stats.stopped
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous(sim, tmp_path):
+    straight = run(sim, _start(sim), 80).state
+    policy = Checkpoint(tmp_path, every=20)
+    with pytest.raises(_Interrupt):
+        run(
+            sim,
+            _start(sim),
+            80,
+            checkpoint=policy,
+            callback=_interrupt_at(60),
+            every=60,
+        )
+    newest = policy.files()[-1]
+    newest.write_bytes(newest.read_bytes()[:-100])
+    with pytest.warns(RuntimeWarning, match=r"Skipping checkpoint step_0000000060"):
+        resumed = run(sim, _start(sim), 80, checkpoint=policy)
+    assert resumed.stats.resumed_from == 40
+    chex.assert_trees_all_equal(resumed.state, straight)
+
+
+def test_resume_refuses_another_runs_checkpoint(sim, tmp_path):
+    run(sim, _start(sim), 40, checkpoint=Checkpoint(tmp_path, 20, metadata={"n": 16}))
+    other = Checkpoint(tmp_path, 20, metadata={"n": 32})
+    with pytest.raises(ValueError, match=r"another run: n was 16, now 32"):
+        run(sim, _start(sim), 40, checkpoint=other)
+    same = Checkpoint(tmp_path, 20, metadata={"n": 16})
+    with pytest.raises(ValueError, match="sample_every was 0, now 5"):
+        run(
+            sim,
+            _start(sim),
+            40,
+            checkpoint=same,
+            observe=lambda s: jnp.sum(s.f),
+            sample_every=5,
+        )
+    for path in same.files():
+        path.write_bytes(b"not a checkpoint")
+    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="readable"):
+        run(sim, _start(sim), 40, checkpoint=same)
+
+
+class _Marked(NamedTuple):
+    fluid: lbm_jax.LBMState
+    marker: jax.Array
+
+
+def test_coupled_state_round_trips_through_a_checkpoint(sim, tmp_path):
+    def step(s):
+        fluid = sim.step(s.fluid)
+        return _Marked(fluid, s.marker + lbm_jax.velocity(sim, fluid)[:, 4, 4])
+
+    start = _Marked(_start(sim), jnp.array([4.0, 4.0]))
+    straight = run(step, start, 30).state
+    policy = Checkpoint(tmp_path, every=10)
+    with pytest.raises(_Interrupt):
+        run(
+            step,
+            _Marked(_start(sim), jnp.array([4.0, 4.0])),
+            30,
+            checkpoint=policy,
+            callback=_interrupt,
+            every=20,
+        )
+    resumed = run(
+        step, _Marked(_start(sim), jnp.array([4.0, 4.0])), 30, checkpoint=policy
+    )
+    assert resumed.stats.resumed_from == 20
+    chex.assert_trees_all_equal(resumed.state, straight)
+
+
+def test_checkpoint_policy_validation(tmp_path):
+    with pytest.raises(ValueError, match="every must be at least 1"):
+        Checkpoint(tmp_path, 0)
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        Checkpoint(tmp_path, 5, keep=0)
+    with pytest.raises(TypeError, match="JSON-serialisable"):
+        Checkpoint(tmp_path, 5, metadata={"x": object()})
+    with pytest.raises(TypeError, match="lbm_jax.Checkpoint"):
+        run(lambda s: s, jnp.zeros(2), 3, checkpoint=str(tmp_path))
+    version = lbm_jax.code_version()
+    assert version.count("+") == 1 and len(version.split("+")[1]) == 12
