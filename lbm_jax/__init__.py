@@ -13,7 +13,7 @@ float64 for the arithmetic, once per fused streaming + collision step.
 
 from lbm_jax import bench, cases
 from lbm_jax._boundaries import CellType
-from lbm_jax._checkpoint import Checkpoint, code_version
+from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
 from lbm_jax._collision import Collision, CollisionModel
 from lbm_jax._io import load_state, save_state, write_vti
 from lbm_jax._lattice import Lattice, get_lattice, list_lattices
@@ -48,6 +48,7 @@ __all__ = [
     "History",
     "InstabilityError",
     "LBMState",
+    "ResumeError",
     "Lattice",
     "RunResult",
     "RunStats",

@@ -6,13 +6,19 @@ Usage::
                            cylinder_unconfined} [--n N] [--re RE] [--storage NAME]
                           [--steps S] [--shift/--no-shift] [--lattice L]
                           [--collision {bgk,trt}] [--u-ref U] --out DIR
-                          [--overwrite] [--progress]
+                          [--checkpoint-every N] [--overwrite] [--progress]
+    python -m lbm_jax run --resume DIR [--progress]
     python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32[,fp16s,...]]
                             [--steps S] [--repeats R] [--rounds K] [--all]
                             [--json FILE]
 
 ``run`` writes ``DIR/fields.npz`` (``rho`` ``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])``
-in lattice units), ``DIR/summary.json`` and PNG figures. ``bench`` measures MLUPs
+in lattice units), ``DIR/summary.json`` and PNG figures. With
+``--checkpoint-every N`` it saves the whole run to ``DIR/checkpoints`` every ``N``
+steps (the arguments go to ``DIR/run.json``); ``--resume DIR`` continues a killed
+run from its newest readable checkpoint, and its results equal an uninterrupted
+run's bit for bit. A resume with other options or another code version is
+refused (exit status 2). ``bench`` measures MLUPs
 on a periodic box after compilation, with the memory bandwidth measured in the
 same process; ``--all`` covers every storage policy on D2Q9 1024^2 and D3Q19 128^3,
 and a comma-separated ``--storage`` list compares policies side by side; with
@@ -55,17 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a validation case")
-    run.add_argument("case", choices=CASES, help="case name")
+    run.add_argument(
+        "case", nargs="?", choices=CASES, help="case name (optional with --resume)"
+    )
     run.add_argument("--n", type=int, default=None, help="resolution (cells)")
     run.add_argument("--re", type=float, default=None, help="Reynolds number")
     run.add_argument(
-        "--storage", default="fp32", help="storage policy (fp32, fp16s, ...)"
+        "--storage", default=None, help="storage policy (fp32 (default), fp16s, ...)"
     )
     run.add_argument("--steps", type=int, default=None, help="time steps")
     run.add_argument(
         "--shift",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="DDF-shifting of stored populations (default on)",
     )
     run.add_argument(
@@ -77,7 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--u-ref", type=float, default=None, help="characteristic velocity"
     )
-    run.add_argument("--out", required=True, help="output directory")
+    run.add_argument("--out", default=None, help="output directory")
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="save the whole run to OUT/checkpoints every N steps",
+    )
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue the checkpointed run in DIR from its newest readable checkpoint",
+    )
     run.add_argument(
         "--overwrite",
         action="store_true",
@@ -130,49 +151,99 @@ def _needs_x64(storage: str) -> bool:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import jax
 
-    with jax.enable_x64(_needs_x64(args.storage)):
-        return _run_case(args, parser)
+    case, kwargs, out = _run_arguments(args, parser)
+    with jax.enable_x64(_needs_x64(kwargs["storage"])):
+        return _run_case(case, kwargs, out, args, parser)
 
 
-def _run_case(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lbm_jax.cases import prepare_case, run_case
+def _run_arguments(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[str, dict, Path]:
+    """Case name, run_case keyword arguments and output directory of ``run``.
 
-    options = {
+    With ``--resume DIR`` they come from ``DIR/run.json``; options given on the
+    command line as well must agree with them (``run_case`` checks).
+    """
+    from lbm_jax.cases import RUN_FILE
+
+    given = {
         key: value
         for key, value in (
+            ("n", args.n),
+            ("re", args.re),
+            ("storage", args.storage),
+            ("shift", args.shift),
+            ("steps", args.steps),
             ("lattice", args.lattice),
             ("collision", args.collision),
             ("u_ref", args.u_ref),
         )
         if value is not None
     }
-    kwargs = dict(
-        n=args.n,
-        re=args.re,
-        storage=args.storage,
-        shift=args.shift,
-        steps=args.steps,
-        **options,
-    )
-    out = Path(args.out)
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        parser.error(
+            f"--checkpoint-every must be at least 1, got {args.checkpoint_every}."
+        )
+    if args.resume is None:
+        if args.case is None or args.out is None:
+            parser.error("run needs a case and --out DIR (or --resume DIR).")
+        return args.case, {"storage": "fp32", "shift": True, **given}, Path(args.out)
+    out = Path(args.resume)
+    if args.out is not None and Path(args.out).resolve() != out.resolve():
+        parser.error("--out must name the --resume directory, or be left out.")
     try:
-        prepare_case(args.case, **kwargs)
+        stored = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError) as err:
+        parser.error(
+            f"--resume {str(out)!r}: no readable {RUN_FILE} ({err}); start a "
+            "checkpointed run with --checkpoint-every N --out DIR."
+        )
+    if args.case is not None and args.case != stored["case"]:
+        parser.error(
+            f"--resume {str(out)!r} holds a {stored['case']!r} run, not {args.case!r}."
+        )
+    return stored["case"], {**stored["arguments"], **given}, out
+
+
+def _run_case(
+    case: str,
+    kwargs: dict,
+    out: Path,
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+) -> int:
+    from lbm_jax import ResumeError
+    from lbm_jax.cases import prepare_case, run_case
+
+    resume = args.resume is not None
+    try:
+        prepare_case(case, **kwargs)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a directory.")
-        if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        if not resume and out.is_dir() and any(out.iterdir()) and not args.overwrite:
             raise ValueError(
                 f"--out {str(out)!r} already exists and is not empty; choose a new "
-                "directory or pass --overwrite to replace the files of this case."
+                "directory or pass --overwrite to replace the files of this case "
+                "(or --resume it, if it holds a checkpointed run)."
             )
     except (ValueError, TypeError) as err:
         parser.error(str(err))
-    result = run_case(
-        args.case,
-        out_dir=out,
-        progress=args.progress,
-        overwrite=args.overwrite,
-        **kwargs,
-    )
+    if resume:
+        newest = sorted(out.glob("checkpoints/step_*.npz"))
+        where = newest[-1].name if newest else "the start (no checkpoint yet)"
+        print(f"resuming {str(out)!r} from {where}", file=sys.stderr)
+    try:
+        result = run_case(
+            case,
+            out_dir=out,
+            progress=args.progress,
+            overwrite=args.overwrite,
+            checkpoint_every=args.checkpoint_every,
+            resume=resume,
+            **kwargs,
+        )
+    except ResumeError as err:
+        parser.error(str(err))
     print(json.dumps(result.summary, indent=2, sort_keys=True))
     print(f"wrote {', '.join(str(p) for p in result.files)}")
     return 0

@@ -39,9 +39,13 @@ from typing import Any
 from lbm_jax._io import CorruptCheckpointError, load_state, read_metadata, save_state
 from lbm_jax._validation import check_int
 
-__all__ = ["Checkpoint", "code_version"]
+__all__ = ["Checkpoint", "ResumeError", "check_same", "code_version"]
 
 _PATTERN = "step_*.npz"
+
+
+class ResumeError(ValueError):
+    """A run cannot resume: its checkpoints belong to another run or are unreadable."""
 
 
 @functools.cache
@@ -130,16 +134,17 @@ class Checkpoint:
                 interval), checked before anything is loaded.
 
         Raises:
-            ValueError: If a checkpoint's metadata differs from ``metadata`` or
+            ResumeError: If a checkpoint's metadata differs from ``metadata`` or
                 ``expect``, or if every checkpoint file is unreadable.
         """
         files = self.files()
         for path in reversed(files):
             try:
                 meta = read_metadata(path)
-                _check_same(path, meta.get("user", {}), self.metadata)
+                source = f"Checkpoint {str(path)!r}"
+                check_same(source, meta.get("user", {}), self.metadata)
                 record = meta["run"]
-                _check_same(path, {k: record.get(k) for k in expect or {}}, expect)
+                check_same(source, {k: record.get(k) for k in expect or {}}, expect)
                 tree, _ = load_state(path, like=template(record))
             except CorruptCheckpointError as err:
                 warnings.warn(
@@ -150,18 +155,25 @@ class Checkpoint:
                 continue
             return tree, record
         if files:
-            raise ValueError(
+            raise ResumeError(
                 f"None of the {len(files)} checkpoint(s) in {str(self.directory)!r} "
                 "is readable; remove them to start afresh."
             )
         return None
 
 
-def _check_same(path: Path, stored: Any, given: Any) -> None:
+def check_same(source: str, stored: Any, given: Any) -> None:
+    """Raise :class:`ResumeError` listing where ``stored`` and ``given`` differ.
+
+    Args:
+        source: What holds ``stored`` (quoted in the message).
+        stored: The recorded description (JSON types).
+        given: The description of the run that wants to resume.
+    """
     differences = _differences(stored, given)
     if differences:
-        raise ValueError(
-            f"Checkpoint {str(path)!r} belongs to another run: "
+        raise ResumeError(
+            f"{source} belongs to another run: "
             + "; ".join(differences)
             + ". Resume with the options it was written with, or use a new "
             "directory."

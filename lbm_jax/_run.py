@@ -129,7 +129,8 @@ class RunStats(NamedTuple):
     """What a run did and how fast.
 
     Attributes:
-        steps: Steps run (fewer than asked for when ``stop`` ended the run).
+        steps: Steps run by this call (fewer than asked for when ``stop`` ended
+            the run; those before a resume not included, see ``total_steps``).
         seconds: Wall time of the run, compilation excluded.
         compile_seconds: Time spent compiling (or fetching the cached program).
         mlups: Million lattice-cell updates per second over ``seconds``, counting
@@ -146,6 +147,11 @@ class RunStats(NamedTuple):
     mlups: float | None
     stopped: bool
     resumed_from: int | None = None
+
+    @property
+    def total_steps(self) -> int:
+        """Steps since the run's start, those before a resume included."""
+        return self.steps + (self.resumed_from or 0)
 
 
 class RunResult(NamedTuple):

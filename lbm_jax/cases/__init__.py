@@ -38,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from lbm_jax._checkpoint import Checkpoint, check_same, code_version
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
-__all__ = ["CASES", "CaseResult", "CaseSetup", "prepare_case", "run_case"]
+__all__ = ["CASES", "RUN_FILE", "CaseResult", "CaseSetup", "prepare_case", "run_case"]
 
 #: Names of the available cases.
 CASES: tuple[str, ...] = _common.case_names()
@@ -119,6 +120,8 @@ def run_case(
     out_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
     overwrite: bool = False,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
     **case_options: Any,
 ) -> CaseResult:
     """Run one validation case and compare it with its reference.
@@ -137,6 +140,13 @@ def run_case(
             An existing non-empty directory is refused unless ``overwrite``.
         progress: Show a tqdm progress bar.
         overwrite: Allow writing into a non-empty ``out_dir``.
+        checkpoint_every: Save the whole run (fluid state, sampled time series,
+            step counter) to ``out_dir/checkpoints`` every this many steps; the
+            arguments go to ``out_dir/run.json``.
+        resume: Continue the checkpointed run in ``out_dir`` from its newest
+            readable checkpoint (or start it, if it has none); the arguments and
+            the code version must be those it was started with. The result equals
+            an uninterrupted run's bit for bit.
         **case_options: Case-specific options, e.g. ``collision="bgk"``,
             ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
 
@@ -146,19 +156,77 @@ def run_case(
     Raises:
         ValueError: For invalid arguments (before anything is compiled).
         TypeError: For arguments of the wrong type.
+        lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints.
         lbm_jax.InstabilityError: If the run becomes unstable.
     """
     setup = prepare_case(
         case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
     )
-    out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
-    metrics, fields, extras = setup.run(progress=progress)
+    checkpoint = None
+    if checkpoint_every is not None or resume:
+        if out_dir is None:
+            raise ValueError(
+                "checkpoint_every and resume need out_dir: the checkpoints live in "
+                "out_dir/checkpoints."
+            )
+        arguments = {"n": n, "re": re, "storage": storage, "shift": shift}
+        arguments.update(steps=steps, **case_options)
+        checkpoint = _checkpoint_policy(
+            Path(out_dir), case, arguments, setup, checkpoint_every, resume, overwrite
+        )
+        out_path = Path(out_dir)
+    else:
+        out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
+    metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
     summary = {**setup.summary(), **metrics}
     summary = _common.jsonable(summary)
     files: tuple[Path, ...] = ()
     if out_path is not None:
         files = _write(out_path, summary, fields, extras, setup)
     return CaseResult(summary=summary, fields=fields, files=files)
+
+
+#: The file in a checkpointed run's directory that records how it was started.
+RUN_FILE = "run.json"
+
+
+def _checkpoint_policy(
+    out: Path,
+    case: str,
+    arguments: dict[str, Any],
+    setup: CaseSetup,
+    every: int | None,
+    resume: bool,
+    overwrite: bool,
+) -> Checkpoint:
+    """The checkpoints of a case run in ``out``, after checking a resume is sound."""
+    identity = {"case": setup.identity(), "code_version": code_version()}
+    record = out / RUN_FILE
+    if resume and record.is_file():
+        stored = json.loads(record.read_text())
+        check_same(repr(str(out)), stored["identity"], identity)
+        every = stored["checkpoint_every"] if every is None else every
+    else:
+        if not resume:
+            _check_out_dir(out, overwrite)
+        if every is None:
+            raise ValueError(
+                f"{str(out)!r} holds no checkpointed run to resume ({RUN_FILE} is "
+                "missing); start one with checkpoint_every (--checkpoint-every)."
+            )
+        for old in (out / "checkpoints").glob("step_*.npz"):  # an overwritten run's
+            old.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        content = {
+            "case": case,
+            "arguments": _common.jsonable(arguments),
+            "checkpoint_every": every,
+            "identity": identity,
+        }
+        tmp = record.with_name(record.name + ".tmp")
+        tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, record)
+    return Checkpoint(out / "checkpoints", every, metadata=identity, resume=resume)
 
 
 def _write(

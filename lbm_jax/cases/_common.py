@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from lbm_jax._checkpoint import Checkpoint
 from lbm_jax._collision import Collision
 from lbm_jax._storage import StoragePolicy, get_storage
 from lbm_jax._units import check_mach, mach, viscosity
@@ -51,7 +52,8 @@ class CaseSetup:
         steps_given: Whether ``steps`` was fixed by the caller (otherwise steady
             cases may stop early once converged).
         options: Case-specific options, validated.
-        runner: ``runner(setup, progress) -> (metrics, fields, extras)``.
+        runner: ``runner(setup, driver) -> (metrics, fields, extras)``; ``driver``
+            holds keyword arguments for :func:`lbm_jax.run`.
         figures: Figures written with ``out_dir``.
     """
 
@@ -67,7 +69,7 @@ class CaseSetup:
     steps: int
     steps_given: bool
     options: Mapping[str, Any]
-    runner: Callable[..., tuple[dict, dict, dict]]
+    runner: Callable[[CaseSetup, dict[str, Any]], tuple[dict, dict, dict]]
     figures: tuple[str, ...] = ("velocity",)
 
     @property
@@ -93,9 +95,20 @@ class CaseSetup:
             **{k: v for k, v in self.options.items() if k not in ("collision",)},
         }
 
-    def run(self, *, progress: bool = False) -> tuple[dict, dict, dict]:
-        """Run the case: ``(metrics, fields, extra arrays for fields.npz)``."""
-        return self.runner(self, progress)
+    def run(
+        self, *, progress: bool = False, checkpoint: Checkpoint | None = None
+    ) -> tuple[dict, dict, dict]:
+        """Run the case: ``(metrics, fields, extra arrays for fields.npz)``.
+
+        ``progress`` and ``checkpoint`` go to :func:`lbm_jax.run`, which every
+        case's runner calls once.
+        """
+        return self.runner(self, {"progress": progress, "checkpoint": checkpoint})
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs of a case the same run: its JSON-ready summary and
+        the maximum step count."""
+        return jsonable({**self.summary(), "steps": self.steps})
 
 
 def check_speed(u: float, *, what: str) -> None:

@@ -177,7 +177,7 @@ def _geometry(
     return cell_type, wall_velocity
 
 
-def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     from lbm_jax._observables import velocity
     from lbm_jax._run import relative_change, run, steady
     from lbm_jax._simulation import Simulation
@@ -205,7 +205,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         observe=lambda state: _mid_profiles(velocity(sim, state)[interior]),
         sample_every=every,
         stop=None if setup.steps_given else steady(tol, interval=every),
-        progress=progress,
+        **driver,
     )
     lines = result.samples.values
     residual = (
@@ -218,7 +218,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     # Spanwise-periodic: the flow is 2-D, so compare the z-averaged in-plane field.
     lines = centre_lines(u if span is None else u[:2].mean(axis=-1), u_lid)
     metrics: dict[str, Any] = {
-        "steps": result.stats.steps,
+        "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
         "u_min_centre": float(lines["u"].min()),
         "v_min_centre": float(lines["v"].min()),

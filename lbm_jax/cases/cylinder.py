@@ -194,7 +194,7 @@ def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
     return {"cell_type": cell_type, "body": body, "u": u}
 
 
-def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     from lbm_jax._observables import momentum_exchange_force
     from lbm_jax._run import run
     from lbm_jax._simulation import Simulation
@@ -219,7 +219,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         setup.steps,
         observe=lambda state: momentum_exchange_force(sim, state, body),
         sample_every=every,
-        progress=progress,
+        **driver,
     )
     state = result.state
     f_hist = np.asarray(result.samples.values, dtype=np.float64)
@@ -230,7 +230,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
     u = u * (~body)
     metrics: dict[str, Any] = {
-        "steps": result.stats.steps,
+        "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
         "grid": list(sim.shape),
         "sample_every": every,

@@ -99,7 +99,7 @@ def prepare(
     )
 
 
-def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     from lbm_jax._boundaries import CellType
     from lbm_jax._observables import velocity
     from lbm_jax._run import relative_change, run, steady
@@ -127,7 +127,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         observe=lambda state: velocity(sim, state)[0, :, 1:-1],
         sample_every=max(100, min(2000, setup.steps // 20)),
         stop=None if setup.steps_given else steady(tol),
-        progress=progress,
+        **driver,
     )
     ux = result.samples.values
     residual = float(relative_change(ux[-1], ux[-2])) if len(ux) >= 2 else math.inf
@@ -137,7 +137,7 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
     profile = u[0].mean(axis=0)
     magic = (setup.tau - 0.5) ** 2 if setup.collision == "bgk" else setup.magic
     metrics = {
-        "steps": result.stats.steps,
+        "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
         "force": g,
         "l2_error": float(

@@ -98,7 +98,7 @@ def prepare(
     )
 
 
-def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     import jax.numpy as jnp
 
     from lbm_jax._observables import velocity
@@ -130,12 +130,12 @@ def _run(setup: CaseSetup, progress: bool) -> tuple[dict, dict, dict]:
         setup.steps,
         observe=amplitude,
         sample_every=max(1, setup.steps // setup.options["samples"]),
-        progress=progress,
+        **driver,
     )
     times = np.concatenate([[0], result.samples.steps])
     amps = np.concatenate([[u0], np.asarray(result.samples.values, np.float64)])
     rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(result.state))
-    t_end = result.stats.steps
+    t_end = result.stats.total_steps
     _, u_exact = analytic_fields(n, u0, nu, float(t_end))
     tt = times[1:].astype(np.float64)
     la = np.log(np.abs(amps[1:]))
