@@ -283,6 +283,48 @@ def test_checkpoint_round_trip_keeps_loss_scale_state(tmp_path):
     assert float(mpjax.get_loss_scale(a.opt_state)) == 128.0  # 2nd finite step
 
 
+@pytest.mark.standard_promotion
+def test_orbax_checkpoint_manager_resumes_training_exactly(tmp_path):
+    """The README recipe: an interrupted run restored by orbax's CheckpointManager
+    continues with the same parameters, optimizer state and loss scale."""
+    import orbax.checkpoint as ocp
+
+    batch, _ = _regression()
+    inf = {**batch, "y": batch["y"] * jnp.inf}
+    batches = [inf if i in (3, 14) else batch for i in range(20)]  # two overflows
+    opt = mpjax.dynamic_loss_scaling(optax.adam(0.01), init_scale=64.0, period=2)
+    step = jax.jit(mpjax.make_train_step(_mse, opt, "mixed_float16"))
+
+    def fresh():
+        return mpjax.TrainState.create({"w": jnp.zeros(4), "b": jnp.zeros(())}, opt)
+
+    straight = fresh()
+    scales = []
+    for b in batches:
+        straight, metrics = step(straight, b)
+        scales.append(float(metrics["loss_scale"]))
+    assert len(set(scales)) > 2  # the scale grew and backed off
+
+    options = ocp.CheckpointManagerOptions(save_interval_steps=5, max_to_keep=2)
+    with ocp.CheckpointManager(tmp_path / "ckpt", options=options) as manager:
+        state = fresh()
+        for b in batches[:13]:  # interrupted after step 13
+            state, _ = step(state, b)
+            manager.save(int(state.step), args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+    assert sorted(int(p.name) for p in (tmp_path / "ckpt").iterdir()) == [5, 10]
+
+    with ocp.CheckpointManager(tmp_path / "ckpt", options=options) as manager:
+        latest = manager.latest_step()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, fresh())
+        state = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+    assert type(state) is mpjax.TrainState and int(state.step) == latest == 10
+    assert float(mpjax.get_loss_scale(state.opt_state)) == scales[10]
+    for b in batches[latest:]:
+        state, _ = step(state, b)
+    chex.assert_trees_all_equal(state, straight)
+
+
 # --------------------------------------------------------------------- bad input
 
 
