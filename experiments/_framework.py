@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import datetime
 import importlib
+import inspect
 import json
 import math
 import os
@@ -289,6 +290,29 @@ def fresh_directory(final: Path) -> Iterator[Path]:
     os.replace(tmp, final)
 
 
+def work_directory(out_root: Path, name: str) -> Path:
+    """The work directory of a pipeline that keeps finished pieces of work.
+
+    A pipeline whose ``run`` takes a ``work_dir`` keyword gets
+    ``out_root/.<name>.partial``: it survives an interrupted run, so a re-run
+    reuses what finished, and it is deleted once the pipeline completes. Work kept
+    by another code version (:func:`lbm_jax.code_version`) or JAX version is
+    discarded first, so results of two code versions never mix.
+    """
+    import jax
+
+    import lbm_jax
+
+    work = Path(out_root) / f".{name}.partial"
+    stamp = f"{lbm_jax.code_version()} jax {jax.__version__}\n"
+    marker = work / "CODE_VERSION"
+    if work.exists() and (not marker.is_file() or marker.read_text() != stamp):
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    marker.write_text(stamp)
+    return work
+
+
 def _load_run(name: str, pipelines: Mapping[str, str | RunFn]) -> RunFn:
     if name not in pipelines:
         raise ValueError(
@@ -347,12 +371,15 @@ def run_pipeline(
     run = _load_run(name, pipelines)
     scale = resolve_scale(quick)
     final = Path(out_root) / name
+    extra: dict[str, Any] = {}
+    if "work_dir" in inspect.signature(run).parameters:
+        extra["work_dir"] = work_directory(out_root, name)
     start = time.perf_counter()
     try:
         with fresh_directory(final) as tmp:
             environment = capture_environment(seed=seed, scale=scale)
             write_json(tmp / "environment.json", environment)
-            result = run(tmp, quick=quick, seed=seed)
+            result = run(tmp, quick=quick, seed=seed, **extra)
             table, checks = _validate_result(name, result)
             wall_s = time.perf_counter() - start
             summary = {
@@ -364,6 +391,8 @@ def run_pipeline(
                 "table": table,
             }
             write_json(tmp / "summary.json", summary)
+        if extra:  # finished: nothing left to reuse
+            shutil.rmtree(extra["work_dir"], ignore_errors=True)
     except Exception:  # a failing pipeline must not stop the others
         if not catch:
             raise

@@ -33,7 +33,12 @@ Outputs: ``results.json``, ``errors.png``, ``poiseuille_width.png``,
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import math
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -192,8 +197,15 @@ def storage_label(storage: str, shift: bool) -> str:
     return f"{policy.name} {'S' if shift else '-'}"
 
 
-def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, Any]:
-    """One run_case call; FP64 runs get x64 enabled, instability becomes a record."""
+def _run_one(
+    case: str, storage: str, shift: bool, store: Path | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """One run_case call; FP64 runs get x64 enabled, instability becomes a record.
+
+    With ``store`` (the pipeline's work directory) a finished run is kept there,
+    keyed by its case, storage, options and :func:`lbm_jax.code_version`, and a
+    later call with the same key (a re-run after an interruption) reuses it.
+    """
     options = {k: v for k, v in kwargs.items() if v is not None}
     record: dict[str, Any] = {
         "case": case,
@@ -202,6 +214,9 @@ def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, A
         "label": storage_label(storage, shift),
         **{k: v for k, v in options.items() if k != "out_dir"},
     }
+    entry = None if store is None else store / _run_key(record)
+    if entry is not None and (entry / "record.json").is_file():
+        return _reuse(entry, options.get("out_dir"))
     try:
         with jax.enable_x64(lbm_jax.get_storage(storage).needs_x64):
             result = lbm_jax.cases.run_case(
@@ -209,11 +224,47 @@ def _run_one(case: str, storage: str, shift: bool, **kwargs: Any) -> dict[str, A
             )
     except lbm_jax.InstabilityError as err:
         record.update(stable=False, error=str(err), summary={}, fields=None)
-        return record
-    record.update(stable=True, summary=dict(result.summary), fields=result.fields)
-    if "out_dir" in options:
-        record["history"] = _history(Path(options["out_dir"]))
-    return record
+    else:
+        record.update(stable=True, summary=dict(result.summary), fields=result.fields)
+        if "out_dir" in options:
+            record["history"] = _history(Path(options["out_dir"]))
+    if entry is not None:
+        _keep(entry, record, options.get("out_dir"))
+    return {**record, "reused": False}
+
+
+def _run_key(record: dict[str, Any]) -> str:
+    """A run's identity in the work directory: its arguments and the code version."""
+    identity = {**record, "code_version": lbm_jax.code_version()}
+    text = json.dumps(_framework.to_jsonable(identity), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _keep(entry: Path, record: dict[str, Any], out_dir: Path | None) -> None:
+    """Store a finished run (atomically: built aside, then renamed into place)."""
+    tmp = entry.with_name(entry.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fields = record.get("fields") or {}
+    np.savez(tmp / "fields.npz", **fields)
+    if out_dir is not None and Path(out_dir).is_dir():
+        shutil.copytree(out_dir, tmp / "out")
+    meta = {k: v for k, v in record.items() if k not in ("fields", "history")}
+    _framework.write_json(tmp / "record.json", meta)
+    shutil.rmtree(entry, ignore_errors=True)
+    os.replace(tmp, entry)
+
+
+def _reuse(entry: Path, out_dir: Path | None) -> dict[str, Any]:
+    """A run kept by :func:`_keep`, with its outputs copied back to ``out_dir``."""
+    record = json.loads((entry / "record.json").read_text())
+    with np.load(entry / "fields.npz") as data:
+        fields = {k: data[k] for k in data.files}
+    record["fields"] = fields if record["stable"] else None
+    if out_dir is not None and (entry / "out").is_dir():
+        shutil.copytree(entry / "out", out_dir, dirs_exist_ok=True)
+        record["history"] = _history(Path(out_dir))
+    return {**record, "reused": True}
 
 
 def _slug(label: str) -> str:
@@ -246,12 +297,13 @@ def _sweep(
     desc: str,
     *,
     run_root: Path | None = None,
+    store: Path | None = None,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     records = []
     for s, shift in progress(runs, desc=desc, total=len(runs)):
         out = None if run_root is None else run_root / _slug(storage_label(s, shift))
-        records.append(_run_one(case, s, shift, out_dir=out, **kwargs))
+        records.append(_run_one(case, s, shift, store, out_dir=out, **kwargs))
     reference = next((r for r in records if r["storage"] == "FP64/FP64"), None)
     if reference is None:  # without an FP64 run compare with FP32/FP32
         reference = next((r for r in records if r["storage"] == "FP32/FP32"), {})
@@ -372,6 +424,7 @@ def _cylinder_sweep(
     steps: int | None,
     options: Sequence[tuple[str, float]],
     runs_dir: Path,
+    store: Path | None = None,
 ) -> list[dict[str, Any]]:
     if not runs:
         return []
@@ -382,12 +435,18 @@ def _cylinder_sweep(
         n=n,
         steps=steps,
         run_root=runs_dir / case,
+        store=store,
         **dict(options),
     )
 
 
 def run(
-    out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
+    out_dir: Path,
+    *,
+    quick: bool = True,
+    seed: int = 0,
+    scale: str | None = None,
+    work_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Run the accuracy study; write JSON, figures and ``REPORT.md`` to ``out_dir``.
 
@@ -397,6 +456,9 @@ def run(
         seed: recorded for provenance (every case starts from a deterministic state).
         scale: override the scale (``"tiny"`` for tests); see
             :func:`experiments._framework.resolve_scale`.
+        work_dir: where finished simulations are kept while the study runs (the
+            framework passes one that survives an interruption, so a re-run reuses
+            them); ``None`` keeps nothing.
 
     Returns:
         ``{"table", "checks", "scale", "records"}`` where ``records`` maps each study
@@ -407,8 +469,10 @@ def run(
     out_dir = Path(out_dir)
     env = _framework.capture_environment(seed=seed, scale=scale)
     runs_dir = out_dir / "runs"
+    sweep = functools.partial(_sweep, store=work_dir)
+    cylinder_sweep = functools.partial(_cylinder_sweep, store=work_dir)
 
-    poiseuille = _sweep(
+    poiseuille = sweep(
         "poiseuille",
         st.runs,
         "poiseuille",
@@ -421,14 +485,14 @@ def run(
             labels = {storage_label(*r) for r in st.width_runs}
             widths += [r for r in poiseuille if r["label"] in labels]
             continue
-        widths += _sweep(
+        widths += sweep(
             "poiseuille",
             st.width_runs,
             f"poiseuille N={n}",
             n=n,
             steps=st.poiseuille_steps,
         )
-    taylor_green = _sweep(
+    taylor_green = sweep(
         "taylor_green",
         st.runs,
         "taylor_green",
@@ -438,7 +502,7 @@ def run(
     )
     cavity = []
     for re in st.cavity_re:
-        cavity += _sweep(
+        cavity += sweep(
             "cavity",
             st.cavity_runs,
             f"cavity Re={re}",
@@ -446,7 +510,7 @@ def run(
             re=re,
             steps=st.cavity_steps,
         )
-    cylinder = _cylinder_sweep(
+    cylinder = cylinder_sweep(
         "cylinder",
         st.cylinder_runs,
         st.cylinder_n,
@@ -454,7 +518,7 @@ def run(
         st.cylinder_options,
         runs_dir,
     )
-    unconfined = _cylinder_sweep(
+    unconfined = cylinder_sweep(
         "cylinder_unconfined",
         st.unconfined_runs,
         st.unconfined_n,
