@@ -369,7 +369,7 @@ def run(
             state = tree["state"]
             done, count, t0 = record["done"], record["count"], record["t0"]
             stopped, resumed_from = record["stopped"], done
-            if count:
+            if count and buffer is not None:
                 kept.append(jax.device_get(tree["samples"]))
                 buffer = _refill(buffer, kept[0], window)
 

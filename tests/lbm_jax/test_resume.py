@@ -87,6 +87,20 @@ def test_resume_with_other_options_or_nothing_to_resume_exits_2(tmp_path, capsys
     with pytest.raises(SystemExit):
         main(["run", "poiseuille"])
     assert "needs a case and --out DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "run",
+                "poiseuille",
+                "--out",
+                str(tmp_path / "x"),
+                "--checkpoint-every",
+                "0",
+            ]
+        )
+    assert info.value.code == 2
+    assert "--checkpoint-every must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_resume_refuses_another_code_version(tmp_path):
