@@ -8,7 +8,9 @@ run continued from a checkpoint reproduces an uninterrupted run exactly.
 
 :func:`write_vti` writes fields as VTK XML ``ImageData`` (``.vti``), readable by
 ParaView and VisIt: point data on a uniform grid with unit spacing, x the fastest
-axis, binary payloads base64-encoded inline.
+axis, binary payloads base64-encoded inline. :func:`write_vtp` writes a triangle
+mesh (e.g. an immersed-boundary membrane) as VTK XML ``PolyData`` (``.vtp``) in the
+same encoding, with optional per-node and per-triangle data.
 
 >>> import tempfile, numpy as np, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -39,6 +41,7 @@ __all__ = [
     "read_metadata",
     "save_state",
     "write_vti",
+    "write_vtp",
 ]
 
 _FORMAT = "lbm_jax.checkpoint/1"
@@ -253,14 +256,35 @@ def _vtk_type(a: np.ndarray) -> str:
         np.dtype(np.uint16): "UInt16",
         np.dtype(np.int16): "Int16",
         np.dtype(np.uint32): "UInt32",
+        np.dtype(np.uint64): "UInt64",
     }
     return table[a.dtype]
+
+
+def _storable(a: np.ndarray) -> np.ndarray:
+    """``a`` in a type VTK reads: other floats as float32, bools as uint8."""
+    if a.dtype.kind == "f" and a.dtype not in (np.float32, np.float64):
+        return a.astype(np.float32)
+    if a.dtype == np.bool_:
+        return a.astype(np.uint8)
+    return a
 
 
 def _encode(a: np.ndarray) -> str:
     payload = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
     header = np.array([len(payload)], dtype="<u8").tobytes()
     return base64.b64encode(header + payload).decode("ascii")
+
+
+def _data_array(flat: np.ndarray, ncomp: int, name: str | None, indent: str) -> str:
+    """One binary ``<DataArray>`` element (``flat`` in VTK's component order)."""
+    named = "" if name is None else f" Name={quoteattr(name)}"
+    return (
+        f'{indent}<DataArray type="{_vtk_type(flat)}"{named} '
+        f'NumberOfComponents="{ncomp}" format="binary">\n'
+        f"{indent}  {_encode(flat)}\n"
+        f"{indent}</DataArray>\n"
+    )
 
 
 def write_vti(
@@ -317,10 +341,7 @@ def write_vti(
     origin = tuple(float(o) for o in origin) + (0.0,) * (3 - len(origin))
     pieces = []
     for name, a in arrays.items():
-        if a.dtype.kind == "f" and a.dtype not in (np.float32, np.float64):
-            a = a.astype(np.float32)
-        if a.dtype == np.bool_:
-            a = a.astype(np.uint8)
+        a = _storable(a)
         if a.shape == tuple(grid):
             flat = a.reshape(dims).ravel(order="F")
             ncomp = 1
@@ -335,12 +356,7 @@ def write_vti(
                 f"scalar must have shape {tuple(grid)} and a vector "
                 f"{(len(grid), *grid)}."
             )
-        pieces.append(
-            f'        <DataArray type="{_vtk_type(flat)}" Name={quoteattr(name)} '
-            f'NumberOfComponents="{ncomp}" format="binary">\n'
-            f"          {_encode(flat)}\n"
-            "        </DataArray>\n"
-        )
+        pieces.append(_data_array(flat, ncomp, name, " " * 8))
     extent = " ".join(f"0 {n - 1}" for n in dims)
     text = (
         '<?xml version="1.0"?>\n'
@@ -353,6 +369,106 @@ def write_vti(
         "      <PointData>\n" + "".join(pieces) + "      </PointData>\n"
         "    </Piece>\n"
         "  </ImageData>\n"
+        "</VTKFile>\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="ascii")
+    return path
+
+
+def _mesh_data(
+    data: Mapping[str, Any] | None, count: int, where: str
+) -> tuple[str, ...]:
+    """``<DataArray>`` elements of per-point or per-cell arrays, ``(n,)``/``(n, 3)``."""
+    pieces = []
+    for name, a in (data or {}).items():
+        a = _storable(np.asarray(jax.device_get(a)))
+        if a.shape not in ((count,), (count, 3)):
+            raise ValueError(
+                f"{where} array {name!r} has shape {a.shape}; with {count} "
+                f"entries a scalar must have shape ({count},) and a vector "
+                f"({count}, 3)."
+            )
+        pieces.append(_data_array(a.ravel(), a.size // count, name, " " * 8))
+    return tuple(pieces)
+
+
+def write_vtp(
+    path: str | os.PathLike[str],
+    points: Any,
+    faces: Any,
+    point_data: Mapping[str, Any] | None = None,
+    cell_data: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a triangle mesh as a VTK XML PolyData file (``.vtp``).
+
+    Args:
+        path: Destination; ``.vtp`` is appended if missing.
+        points: Node positions, shape ``(N, 3)``. Floating types other than
+            float32/float64 (and integers) are written as float32.
+        faces: Triangles as node indices, shape ``(F, 3)``, integers in
+            ``[0, N)``; written as ``Int64`` connectivity with offsets
+            ``3, 6, ..., 3F``.
+        point_data: Name -> per-node array, scalar ``(N,)`` or vector ``(N, 3)``.
+        cell_data: Name -> per-triangle array, scalar ``(F,)`` or vector
+            ``(F, 3)``. In both, bools are written as UInt8 and floats other than
+            float32/float64 as float32.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: If a shape is wrong or a face refers to a missing node.
+        TypeError: If ``faces`` does not hold integers.
+
+    >>> import tempfile, numpy as np, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> tet = np.array([[0.0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    >>> faces = [[0, 2, 1], [0, 1, 3], [0, 3, 2], [1, 2, 3]]
+    >>> write_vtp(d / "tet", tet, faces, point_data={"z": tet[:, 2]}).name
+    'tet.vtp'
+    """
+    path = Path(path)
+    if path.suffix != ".vtp":
+        path = path.with_name(path.name + ".vtp")
+    xyz = np.asarray(jax.device_get(points))
+    tri = np.asarray(jax.device_get(faces))
+    if xyz.ndim != 2 or xyz.shape[1] != 3:
+        raise ValueError(f"points must have shape (N, 3), got {xyz.shape}.")
+    if tri.ndim != 2 or tri.shape[1] != 3:
+        raise ValueError(f"faces must have shape (F, 3) (triangles), got {tri.shape}.")
+    if tri.size and not np.issubdtype(tri.dtype, np.integer):
+        raise TypeError(f"faces must hold integer node indices, got {tri.dtype}.")
+    if tri.size and (tri.min() < 0 or tri.max() >= len(xyz)):
+        raise ValueError(
+            f"faces refer to nodes {tri.min()}..{tri.max()}, but there are "
+            f"{len(xyz)} points (indices 0..{len(xyz) - 1})."
+        )
+    if xyz.dtype not in (np.float32, np.float64):
+        xyz = xyz.astype(np.float32)
+    n_faces = len(tri)
+    connectivity = tri.astype(np.int64).ravel()
+    offsets = 3 * np.arange(1, n_faces + 1, dtype=np.int64)
+    point_pieces = _mesh_data(point_data, len(xyz), "point_data")
+    cell_pieces = _mesh_data(cell_data, n_faces, "cell_data")
+    text = (
+        '<?xml version="1.0"?>\n'
+        '<VTKFile type="PolyData" version="1.0" byte_order="LittleEndian" '
+        'header_type="UInt64">\n'
+        "  <PolyData>\n"
+        f'    <Piece NumberOfPoints="{len(xyz)}" NumberOfVerts="0" '
+        f'NumberOfLines="0" NumberOfStrips="0" NumberOfPolys="{n_faces}">\n'
+        "      <PointData>\n" + "".join(point_pieces) + "      </PointData>\n"
+        "      <CellData>\n" + "".join(cell_pieces) + "      </CellData>\n"
+        "      <Points>\n"
+        + _data_array(xyz.ravel(), 3, None, " " * 8)
+        + "      </Points>\n"
+        "      <Polys>\n"
+        + _data_array(connectivity, 1, "connectivity", " " * 8)
+        + _data_array(offsets, 1, "offsets", " " * 8)
+        + "      </Polys>\n"
+        "    </Piece>\n"
+        "  </PolyData>\n"
         "</VTKFile>\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)

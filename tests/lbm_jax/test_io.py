@@ -1,4 +1,4 @@
-"""Checkpoints (bit-identical continuation) and VTK image data export."""
+"""Checkpoints (bit-identical continuation) and VTK image data and mesh export."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lbm_jax import Simulation, load_state, save_state, write_vti
+from lbm_jax._io import write_vtp
 
 
 @pytest.fixture(scope="module", params=["fp32", "fp16c"])
@@ -78,7 +79,9 @@ def test_save_rejects_non_json_metadata(tmp_path):
 def _read_array(elem) -> np.ndarray:
     raw = base64.b64decode(elem.text.strip())
     nbytes = int(np.frombuffer(raw[:8], "<u8")[0])
-    dtype = {"Float32": "<f4", "Float64": "<f8", "UInt8": "u1"}[elem.get("type")]
+    dtype = {"Float32": "<f4", "Float64": "<f8", "UInt8": "u1", "Int64": "<i8"}[
+        elem.get("type")
+    ]
     data = np.frombuffer(raw[8 : 8 + nbytes], dtype)
     assert data.nbytes == nbytes
     return data
@@ -124,3 +127,91 @@ def test_vti_rejects_mismatched_fields(tmp_path):
 def test_vti_writes_device_arrays(tmp_path):
     path = write_vti(tmp_path / "d.vti", {"rho": jax.numpy.ones((3, 3))})
     assert ET.parse(path).getroot().find("ImageData") is not None
+
+
+def _octahedron(dtype):
+    points = np.array(
+        [[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]],
+        dtype=dtype,
+    ) * dtype(0.7) + dtype(0.1)
+    faces = np.array(
+        [[0, 2, 4], [2, 1, 4], [1, 3, 4], [3, 0, 4],
+         [2, 0, 5], [1, 2, 5], [3, 1, 5], [0, 3, 5]],
+        dtype=np.int32,
+    )  # fmt: skip
+    return points, faces
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vtp_round_trips_mesh_and_data(tmp_path, dtype):
+    points, faces = _octahedron(dtype)
+    rng = np.random.default_rng(1)
+    tension = rng.random(6).astype(np.float32)
+    force = rng.standard_normal((6, 3))
+    area = rng.random(8)
+    path = write_vtp(
+        tmp_path / "capsule",
+        points,
+        faces,
+        point_data={"tension": tension, "force": force, "top": points[:, 2] > 0},
+        cell_data={"area": area},
+    )
+    assert path.name == "capsule.vtp"
+    root = ET.parse(path).getroot()
+    assert root.get("type") == "PolyData"
+    assert root.get("header_type") == "UInt64"
+    piece = root.find("PolyData/Piece")
+    assert piece.get("NumberOfPoints") == "6" and piece.get("NumberOfPolys") == "8"
+    # the element order VTK's XML readers expect
+    assert [c.tag for c in piece] == ["PointData", "CellData", "Points", "Polys"]
+    xyz = piece.find("Points/DataArray")
+    assert xyz.get("NumberOfComponents") == "3"
+    assert xyz.get("type") == {np.float32: "Float32", np.float64: "Float64"}[dtype]
+    np.testing.assert_array_equal(_read_array(xyz).reshape(-1, 3), points)
+    polys = {a.get("Name"): a for a in piece.find("Polys")}
+    np.testing.assert_array_equal(_read_array(polys["connectivity"]), faces.ravel())
+    np.testing.assert_array_equal(_read_array(polys["offsets"]), 3 * np.arange(1, 9))
+    point_arrays = {a.get("Name"): a for a in piece.find("PointData")}
+    assert point_arrays["force"].get("NumberOfComponents") == "3"
+    assert point_arrays["tension"].get("NumberOfComponents") == "1"
+    np.testing.assert_array_equal(_read_array(point_arrays["tension"]), tension)
+    np.testing.assert_array_equal(
+        _read_array(point_arrays["force"]).reshape(6, 3), force
+    )
+    np.testing.assert_array_equal(_read_array(point_arrays["top"]), points[:, 2] > 0)
+    (cell_array,) = piece.find("CellData")
+    assert cell_array.get("Name") == "area"
+    np.testing.assert_array_equal(_read_array(cell_array), area)
+
+
+def test_vtp_writes_device_arrays_and_narrow_floats(tmp_path):
+    points, faces = _octahedron(np.float32)
+    path = write_vtp(
+        tmp_path / "m.vtp",
+        jax.numpy.asarray(points),
+        jax.numpy.asarray(faces),
+        point_data={"h": np.float16([1.5, -2, 0, 1, 2, 3])},
+    )
+    assert path.name == "m.vtp"
+    piece = ET.parse(path).getroot().find("PolyData/Piece")
+    (h,) = piece.find("PointData")
+    assert h.get("type") == "Float32"
+    np.testing.assert_array_equal(_read_array(h), [1.5, -2, 0, 1, 2, 3])
+    assert list(piece.find("CellData")) == []
+
+
+def test_vtp_rejects_bad_shapes(tmp_path):
+    points, faces = _octahedron(np.float64)
+    with pytest.raises(ValueError, match=r"points must have shape \(N, 3\)"):
+        write_vtp(tmp_path / "x", points[:, :2], faces)
+    with pytest.raises(ValueError, match=r"faces must have shape \(F, 3\)"):
+        write_vtp(tmp_path / "x", points, faces[:, :2])
+    with pytest.raises(ValueError, match="6 points"):
+        write_vtp(tmp_path / "x", points, faces + 1)
+    with pytest.raises(TypeError, match="integer"):
+        write_vtp(tmp_path / "x", points, faces.astype(np.float64))
+    with pytest.raises(ValueError, match=r"'tension' has shape \(5,\)"):
+        write_vtp(tmp_path / "x", points, faces, point_data={"tension": np.ones(5)})
+    with pytest.raises(ValueError, match=r"cell_data array 'n' has shape \(8, 2\)"):
+        write_vtp(tmp_path / "x", points, faces, cell_data={"n": np.ones((8, 2))})
+    assert not (tmp_path / "x.vtp").exists()
