@@ -66,6 +66,7 @@ __all__ = [
     "Settings",
     "evaluate_checks",
     "run",
+    "run_one",
     "settings_for",
     "storage_label",
 ]
@@ -197,7 +198,7 @@ def storage_label(storage: str, shift: bool) -> str:
     return f"{policy.name} {'S' if shift else '-'}"
 
 
-def _run_one(
+def run_one(
     case: str, storage: str, shift: bool, store: Path | None = None, **kwargs: Any
 ) -> dict[str, Any]:
     """One run_case call; FP64 runs get x64 enabled, instability becomes a record.
@@ -303,7 +304,7 @@ def _sweep(
     records = []
     for s, shift in progress(runs, desc=desc, total=len(runs)):
         out = None if run_root is None else run_root / _slug(storage_label(s, shift))
-        records.append(_run_one(case, s, shift, store, out_dir=out, **kwargs))
+        records.append(run_one(case, s, shift, store, out_dir=out, **kwargs))
     reference = next((r for r in records if r["storage"] == "FP64/FP64"), None)
     if reference is None:  # without an FP64 run compare with FP32/FP32
         reference = next((r for r in records if r["storage"] == "FP32/FP32"), {})

@@ -11,11 +11,11 @@ float64 for the arithmetic, once per fused streaming + collision step.
 (32, 16)
 """
 
-from lbm_jax import bench, cases
+from lbm_jax import bench, cases, ibm
 from lbm_jax._boundaries import CellType
 from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
 from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._io import load_state, save_state, write_vti
+from lbm_jax._io import load_state, save_state, write_vti, write_vtp
 from lbm_jax._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax._loop import History
 from lbm_jax._observables import (
@@ -57,6 +57,7 @@ __all__ = [
     "StoragePolicy",
     "bench",
     "cases",
+    "ibm",
     "code_version",
     "density",
     "get_lattice",
@@ -72,4 +73,5 @@ __all__ = [
     "velocity",
     "vorticity",
     "write_vti",
+    "write_vtp",
 ]

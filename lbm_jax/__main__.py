@@ -50,8 +50,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
-    from lbm_jax import Collision, list_lattices
-    from lbm_jax.cases import CASES
+    from lbm_jax import Collision
+    from lbm_jax.cases import CASES, CLI_OPTIONS
 
     collisions = [c.value for c in Collision]
     parser = argparse.ArgumentParser(
@@ -76,15 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="DDF-shifting of stored populations (default on)",
     )
-    run.add_argument(
-        "--lattice",
-        default=None,
-        help=f"cavity lattice ({', '.join(list_lattices())})",
-    )
-    run.add_argument("--collision", choices=collisions, default=None)
-    run.add_argument(
-        "--u-ref", type=float, default=None, help="characteristic velocity"
-    )
+    for name, option in CLI_OPTIONS.items():
+        only = f" [{', '.join(option.cases)}]" if option.cases else ""
+        run.add_argument(
+            "--" + name.replace("_", "-"),
+            type=option.type,
+            choices=option.choices,
+            default=None,
+            help=option.help + only,
+        )
     run.add_argument("--out", default=None, help="output directory")
     run.add_argument(
         "--checkpoint-every",
@@ -164,7 +164,7 @@ def _run_arguments(
     With ``--resume DIR`` they come from ``DIR/run.json``; options given on the
     command line as well must agree with them (``run_case`` checks).
     """
-    from lbm_jax.cases import RUN_FILE
+    from lbm_jax.cases import CLI_OPTIONS, RUN_FILE
 
     given = {
         key: value
@@ -174,9 +174,7 @@ def _run_arguments(
             ("storage", args.storage),
             ("shift", args.shift),
             ("steps", args.steps),
-            ("lattice", args.lattice),
-            ("collision", args.collision),
-            ("u_ref", args.u_ref),
+            *((name, getattr(args, name)) for name in CLI_OPTIONS),
         )
         if value is not None
     }

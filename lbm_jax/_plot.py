@@ -1,4 +1,5 @@
-"""Matplotlib figures of flow fields: velocity magnitude, vorticity, streamlines.
+"""Matplotlib figures: flow fields (velocity magnitude, vorticity, streamlines) and
+the capsule's deformation.
 
 Fields use the solver's layout: a velocity ``u`` of shape ``(D, X, Y[, Z])`` with x
 the first spatial axis. 3-D fields are shown as their z mid-plane. Figures are built
@@ -21,6 +22,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 __all__ = [
+    "capsule_snapshot_figure",
+    "deformation_figure",
     "plane",
     "save_figure",
     "streamlines_figure",
@@ -104,6 +107,88 @@ def streamlines_figure(u: Any, *, title: str = "streamlines") -> Figure:
         )
     ax.set_xlim(-0.5, nx - 0.5)
     ax.set_ylim(-0.5, ny - 0.5)
+    return fig
+
+
+def deformation_figure(
+    t: Any,
+    d: Any,
+    d_theory: float,
+    rate_theory: float | None,
+    *,
+    title: str = "Taylor deformation",
+) -> Figure:
+    """D(t) of a capsule against small-deformation theory.
+
+    Args:
+        t: Time steps of the samples.
+        d: Taylor deformation at those steps.
+        d_theory: Steady value of the theory (a horizontal line).
+        rate_theory: Relaxation rate of the theory per step, if known: the curve
+            ``d_theory (1 - exp(-rate t))`` is drawn as well.
+        title: Figure title.
+    """
+    t = np.asarray(t, np.float64)
+    fig = Figure(figsize=(6.0, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(t, np.asarray(d, np.float64), color="tab:blue", label="simulation")
+    ax.axhline(
+        d_theory, color="black", linestyle=":", label="small-deformation theory, D_inf"
+    )
+    if rate_theory is not None:
+        tt = np.linspace(0.0, float(t.max(initial=1.0)), 200)
+        ax.plot(
+            tt,
+            d_theory * (1.0 - np.exp(-rate_theory * tt)),
+            color="black",
+            linestyle="--",
+            label="linear theory, D_inf (1 - exp(-s t G_s / mu r))",
+        )
+    ax.set_xlabel("time step")
+    ax.set_ylabel("Taylor deformation D = (L - B)/(L + B)")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    return fig
+
+
+def capsule_snapshot_figure(
+    u: Any, nodes: Any, faces: Any, *, title: str = "capsule"
+) -> Figure:
+    """The x-z section through a membrane: u_x and the membrane's outline.
+
+    Args:
+        u: Velocity ``(3, X, Y, Z)`` on nodes at integer positions.
+        nodes: Membrane nodes ``(N, 3)`` in the same coordinates.
+        faces: Triangles ``(F, 3)``.
+        title: Figure title.
+    """
+    u = np.asarray(u, np.float64)
+    x = np.asarray(nodes, np.float64)
+    centre = x.mean(axis=0)
+    j = int(np.clip(round(centre[1]), 0, u.shape[2] - 1))
+    fig = _figure((u.shape[1], u.shape[3]))
+    section = u[0, :, j, :]
+    lim = float(np.max(np.abs(section), initial=0.0)) or 1.0
+    ax = _image(
+        fig,
+        section,
+        title=title,
+        label="u_x (lattice units)",
+        cmap="RdBu_r",
+        vmin=-lim,
+        vmax=lim,
+    )
+    ax.set_ylabel("z (lattice units)")
+    # edges that cross the plane y = centre[1], as segments of the outline
+    tri = x[np.asarray(faces)]
+    side = tri[..., 1] - centre[1]
+    for a, b in ((0, 1), (1, 2), (2, 0)):
+        cross = side[:, a] * side[:, b] < 0
+        s = side[cross, a] / (side[cross, a] - side[cross, b])
+        p = tri[cross, a] + s[:, None] * (tri[cross, b] - tri[cross, a])
+        ax.plot(p[:, 0], p[:, 2], ".", color="black", markersize=2)
+    ax.plot([], [], ".", color="black", label="membrane (section)")
+    ax.legend(loc="upper right")
     return fig
 
 

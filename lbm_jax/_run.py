@@ -175,23 +175,29 @@ def relative_change(new: Any, old: Any) -> jax.Array:
     return jnp.sqrt(diff) / jnp.sqrt(norm)
 
 
-def steady(tol: float, *, interval: int = 1) -> Callable[[Any, History], jax.Array]:
+def steady(
+    tol: float, *, interval: int = 1, lag: int = 1
+) -> Callable[[Any, History], jax.Array]:
     """A ``stop`` that ends a run once the observed values stop changing.
 
-    The run stops after a sample whose :func:`relative_change` against the previous
-    sample, divided by ``interval``, is below ``tol``: pass the sampling interval as
-    ``interval`` for a change per step, or leave it at 1 for a change per sample.
+    The run stops after a sample whose :func:`relative_change` against the sample
+    ``lag`` samples earlier, divided by ``interval``, is below ``tol``: pass the
+    sampling interval as ``interval`` for a change per step, or leave it at 1 for a
+    change per sample. A ``lag`` above 1 judges a slow approach (an exponential
+    relaxation over many samples) on the change over ``lag`` samples; it must be
+    below the driver's ``window``.
 
     Raises:
-        ValueError: If ``tol`` is negative or ``interval`` not positive.
+        ValueError: If ``tol`` is negative or ``interval``/``lag`` not positive.
     """
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol!r}.")
     interval = check_int(interval, "interval", 1)
+    lag = check_int(lag, "lag", 1)
 
     def stop(state: Any, history: History) -> jax.Array:
-        change = relative_change(history.latest(0), history.latest(1))
-        return (history.count >= 2) & (change / interval < tol)
+        change = relative_change(history.latest(0), history.latest(lag))
+        return (history.count > lag) & (change / interval < tol)
 
     return stop
 

@@ -21,6 +21,7 @@ cavity              2-D lid-driven cavity, Ghia et al. (1982) centre lines
 cavity3d            D3Q19 lid-driven cube
 cylinder            Schaefer-Turek 2D-2 (confined, Re = 100): St, cd, cl
 cylinder_unconfined Karman vortex street in a wide domain: St, mean drag
+capsule             D3Q19 immersed-boundary capsule in shear flow: deformation
 =================== ========================================================
 
 >>> "cavity" in CASES
@@ -40,9 +41,18 @@ import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint, check_same, code_version
 from lbm_jax.cases import _common
-from lbm_jax.cases._common import CaseSetup
+from lbm_jax.cases._common import CLI_OPTIONS, CaseSetup, CliOption
 
-__all__ = ["CASES", "RUN_FILE", "CaseResult", "CaseSetup", "prepare_case", "run_case"]
+__all__ = [
+    "CASES",
+    "CLI_OPTIONS",
+    "RUN_FILE",
+    "CaseResult",
+    "CaseSetup",
+    "CliOption",
+    "prepare_case",
+    "run_case",
+]
 
 #: Names of the available cases.
 CASES: tuple[str, ...] = _common.case_names()
@@ -259,4 +269,6 @@ def _write(
                 make(fields["u"], title=f"{kind}: {title}"), out / f"{kind}.png"
             )
         )
+    if setup.write_files is not None:
+        files.extend(setup.write_files(out, summary, fields, extras))
     return tuple(files)

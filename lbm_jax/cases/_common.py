@@ -6,17 +6,28 @@ import dataclasses
 import importlib
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint
 from lbm_jax._collision import Collision
+from lbm_jax._lattice import list_lattices
 from lbm_jax._storage import StoragePolicy, get_storage
 from lbm_jax._units import check_mach, mach, viscosity
 from lbm_jax._validation import check_int, check_real
+from lbm_jax.ibm._membrane import LAWS
 
-__all__ = ["CaseSetup", "case_names", "check_speed", "jsonable", "prepare"]
+__all__ = [
+    "CLI_OPTIONS",
+    "CaseSetup",
+    "CliOption",
+    "case_names",
+    "check_speed",
+    "jsonable",
+    "prepare",
+]
 
 # case name -> module (imported lazily, so the registry costs nothing)
 _MODULES: dict[str, str] = {
@@ -26,6 +37,50 @@ _MODULES: dict[str, str] = {
     "cavity3d": "lbm_jax.cases.cavity",
     "cylinder": "lbm_jax.cases.cylinder",
     "cylinder_unconfined": "lbm_jax.cases.cylinder",
+    "capsule": "lbm_jax.cases.capsule",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CliOption:
+    """A case option the command line offers as ``--name`` (``_`` becomes ``-``).
+
+    Attributes:
+        type: Parser type of the value.
+        help: One line for ``--help``.
+        choices: Accepted values, if the choice is closed.
+        cases: The cases that take the option (for ``--help``).
+    """
+
+    type: type
+    help: str
+    choices: tuple[Any, ...] | None = None
+    cases: tuple[str, ...] = ()
+
+
+#: Case options offered on the command line; each case validates its own (an
+#: option a case does not take is refused by :func:`merge_options`).
+CLI_OPTIONS: Mapping[str, CliOption] = {
+    "lattice": CliOption(
+        str, f"lattice ({', '.join(list_lattices())})", cases=("cavity",)
+    ),
+    "collision": CliOption(
+        str, "collision operator", choices=tuple(c.value for c in Collision)
+    ),
+    "u_ref": CliOption(float, "characteristic velocity (lattice units)"),
+    "radius": CliOption(float, "capsule radius (cells)", cases=("capsule",)),
+    "ca": CliOption(float, "capillary number mu gamma_dot r / G_s", cases=("capsule",)),
+    "law": CliOption(str, "membrane law", choices=LAWS, cases=("capsule",)),
+    "skalak_c": CliOption(
+        float, "Skalak area-dilation parameter C", cases=("capsule",)
+    ),
+    "kernel": CliOption(
+        int,
+        "immersed-boundary kernel width (points)",
+        choices=(2, 3, 4),
+        cases=("capsule",),
+    ),
+    "nodes": CliOption(int, "membrane mesh nodes (icosphere)", cases=("capsule",)),
 }
 
 
@@ -55,6 +110,8 @@ class CaseSetup:
         runner: ``runner(setup, driver) -> (metrics, fields, extras)``; ``driver``
             holds keyword arguments for :func:`lbm_jax.run`.
         figures: Figures written with ``out_dir``.
+        write_files: ``write_files(out, summary, fields, extras) -> paths``: the
+            case's own files, written with ``out_dir`` after the common ones.
     """
 
     case: str
@@ -71,6 +128,7 @@ class CaseSetup:
     options: Mapping[str, Any]
     runner: Callable[[CaseSetup, dict[str, Any]], tuple[dict, dict, dict]]
     figures: tuple[str, ...] = ("velocity",)
+    write_files: Callable[..., list[Path]] | None = None
 
     @property
     def nu(self) -> float:

@@ -1,0 +1,394 @@
+"""A microcapsule in linear shear flow (immersed boundary), against linear theory.
+
+The benchmark of Krueger, Varnik & Raabe (2011) after Barthes-Biesel & Rallison
+(1981): a spherical capsule of radius ``r`` (an icosphere, elastic membrane without
+bending) in the shear flow ``u = gamma_dot (z - H/2) e_x`` between two walls at
+``z = 0`` and ``z = H`` that move at ``-/+ gamma_dot H / 2`` (half-way bounce-back
+with Ladd's moving-wall term), periodic in x and y. D3Q19, the fluid starts from
+the linear shear profile (no spin-up); the capsule starts as a sphere at the
+centre of the box.
+
+Parameters: ``n`` is the channel height ``H`` in cells (default ``10 r``; the box
+is ``width x width x H`` fluid cells, ``width`` default ``H``),
+``re = gamma_dot r^2 / nu`` (default 0.02), ``tau`` (default 1), the capillary
+number ``ca = mu gamma_dot r / G_s`` (default 0.03) which sets the membrane's
+shear modulus ``G_s``, the law (``skalak`` with ``skalak_c``, or
+``neo-hookean``), the IBM kernel (2, 3 or 4 points) and the mesh (``nodes``).
+
+Small-deformation theory: ``D_inf = (5/4) (2 + 3C) / (1 + 2C) Ca`` (Skalak;
+``25/12 Ca`` for C = 1 and for neo-Hookean), reached as
+``D(t) = D_inf (1 - exp(-s t G_s / (mu r)))`` with ``s = 0.2484`` for C = 1 and
+neo-Hookean (which has the same small-strain moduli); ``theta -> 45 degrees`` as
+``Ca -> 0``.
+
+Without a step count the run lasts until ``D`` is steady: its relative change over
+one relaxation time ``mu r / (s G_s)`` falls below ``tol`` (or ``max_times``
+relaxation times pass).
+
+Metrics: ``taylor_deformation`` (the last sample of ``D = (L - B)/(L + B)`` in the
+shear plane x-z, from the inertia tensor of the enclosed volume),
+``deformation_theory``, ``deformation_error`` (relative), ``deformation_fit`` and
+``relaxation_rate`` (a fit of the relaxation law to ``D(t)``, per step),
+``relaxation_rate_theory`` and ``relaxation_rate_error`` (C = 1 and neo-Hookean
+only), ``inclination_deg``, ``volume_drift`` and ``area_drift`` (largest relative
+change over the run), ``shear_rate``, ``shear_modulus``, ``relaxation_time``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbm_jax._units import check_tau, viscosity
+from lbm_jax._validation import check_int
+from lbm_jax.cases import _common
+from lbm_jax.cases._common import CaseSetup
+
+__all__ = ["deformation_theory", "fit_relaxation", "prepare", "relaxation_rate"]
+
+#: Relaxation rate of the linear theory, in units of ``G_s / (mu r)``, for C = 1.
+RELAXATION_S = 0.2484
+
+#: Largest node speed (cells per step) the explicit coupling accepts.
+MAX_NODE_SPEED = 1.0 / 3.0
+
+_DEFAULTS: dict[str, Any] = {
+    "collision": "bgk",
+    "magic": 3.0 / 16.0,
+    "radius": 5.0,
+    "ca": 0.03,
+    "law": "skalak",
+    "skalak_c": 1.0,
+    "kernel": 4,
+    "nodes": 642,
+    "tau": 1.0,
+    "width": None,
+    "tol": 1e-3,
+    "max_times": 12.0,
+    "samples_per_time": 16,
+}
+
+
+def deformation_theory(ca: float, law: str, skalak_c: float = 1.0) -> float:
+    """Steady Taylor deformation of small-deformation theory.
+
+    >>> round(deformation_theory(0.03, "skalak", 1.0), 4)
+    0.0625
+    """
+    if law == "neo-hookean":
+        return 25.0 / 12.0 * ca
+    return 1.25 * (2.0 + 3.0 * skalak_c) / (1.0 + 2.0 * skalak_c) * ca
+
+
+def relaxation_rate(
+    shear_rate: float, ca: float, law: str, skalak_c: float = 1.0
+) -> float | None:
+    """Linear-theory relaxation rate of ``D`` per time unit, ``s G_s / (mu r)``.
+
+    Known for C = 1 and the neo-Hookean law (``None`` otherwise); with
+    ``G_s = mu gamma_dot r / Ca`` it is ``s gamma_dot / Ca``.
+    """
+    if law == "neo-hookean" or skalak_c == 1.0:
+        return RELAXATION_S * shear_rate / ca
+    return None
+
+
+def fit_relaxation(t: np.ndarray, d: np.ndarray) -> tuple[float, float]:
+    """Least-squares fit of ``D(t) = D_inf (1 - exp(-k t))``: ``(D_inf, k)``.
+
+    For each rate ``k`` the best ``D_inf`` is linear; the rate minimising the
+    residual is found on a logarithmic grid and refined by golden-section search.
+
+    >>> t = np.arange(0.0, 50.0)
+    >>> d_inf, k = fit_relaxation(t, 0.06 * (1 - np.exp(-0.1 * t)))
+    >>> round(d_inf, 6), round(k, 6)
+    (0.06, 0.1)
+    """
+    t = np.asarray(t, np.float64)
+    d = np.asarray(d, np.float64)
+
+    def solve(k: float) -> tuple[float, float]:
+        basis = 1.0 - np.exp(-k * t)
+        amp = float(basis @ d / max(basis @ basis, 1e-300))
+        return float(np.sum((amp * basis - d) ** 2)), amp
+
+    span = max(float(t.max() - t.min()), 1e-12)
+    grid = np.geomspace(0.01 / span, 100.0 / span, 400)
+    best = int(np.argmin([solve(k)[0] for k in grid]))
+    lo, hi = grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)]
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(100):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if solve(a)[0] < solve(b)[0]:
+            hi = b
+        else:
+            lo = a
+    k = float(0.5 * (lo + hi))
+    return solve(k)[1], k
+
+
+def prepare(
+    case: str,
+    *,
+    n: int | None,
+    re: float | None,
+    storage: Any,
+    steps: int | None,
+    options: dict[str, Any],
+) -> CaseSetup:
+    """Validate and derive the capsule parameters (see the module docstring)."""
+    from lbm_jax.ibm import LAWS, icosphere, kernel_support
+
+    opts = _common.merge_options(case, options, _DEFAULTS)
+    radius = opts["radius"] = float(opts["radius"])
+    if not radius >= 2.0:
+        raise ValueError(
+            f"radius must be at least 2 cells (a capsule smaller than the kernel "
+            f"cannot be resolved), got {radius}."
+        )
+    if not opts["ca"] > 0:
+        raise ValueError(f"ca (capillary number) must be positive, got {opts['ca']}.")
+    if not isinstance(opts["law"], str) or opts["law"] not in LAWS:
+        raise ValueError(f"Unknown law {opts['law']!r}; expected one of {LAWS}.")
+    if not opts["skalak_c"] >= 0:
+        raise ValueError(f"skalak_c must be non-negative, got {opts['skalak_c']}.")
+    opts["kernel"] = points = kernel_support(opts["kernel"])
+    opts["nodes"] = check_int(opts["nodes"], "nodes", 12)
+    icosphere(radius, nodes=opts["nodes"])  # rejects a node count it cannot build
+    tau = check_tau(opts["tau"], context="tau")
+    height = check_int(round(10 * radius) if n is None else n, "n", 4)
+    width = height if opts["width"] is None else opts["width"]
+    opts["width"] = width = check_int(width, "width", 4)
+    gap = 2.0 * radius + points + 2
+    if height < gap or width < gap:
+        raise ValueError(
+            f"the box ({width} x {width} x {height} cells) is too small for a "
+            f"capsule of radius {radius} with the {points}-point kernel: "
+            f"every side needs at least 2 r + {points + 2} = {gap:g} cells; "
+            "raise n (the height) or width, or lower radius."
+        )
+    re = 0.02 if re is None else re
+    nu = viscosity(tau)
+    shear_rate = re * nu / radius**2
+    wall_speed = shear_rate * height / 2.0
+    _common.check_speed(wall_speed, what=f"wall speed gamma_dot H / 2 (re={re:g})")
+    elastic_speed = shear_rate * radius / opts["ca"]
+    if elastic_speed > MAX_NODE_SPEED:
+        raise ValueError(
+            f"ca={opts['ca']:g} with re={re:g} gives a membrane velocity scale "
+            f"G_s / mu = gamma_dot r / Ca = {elastic_speed:.3g} cells per step, above "
+            f"{MAX_NODE_SPEED:.3g}: nodes would move too far per step. Raise ca or "
+            "lower re."
+        )
+    opts["tol"] = float(opts["tol"])
+    if opts["max_times"] <= 0 or opts["tol"] < 0:
+        raise ValueError(
+            "max_times must be positive and tol non-negative, got "
+            f"{opts['max_times']} and {opts['tol']}."
+        )
+    opts["samples_per_time"] = check_int(
+        opts["samples_per_time"], "samples_per_time", 2
+    )
+    opts["shear_rate"] = shear_rate
+    rate = RELAXATION_S * shear_rate / opts["ca"]
+    steps_given = steps is not None
+    if steps is None:
+        steps = math.ceil(opts["max_times"] / rate)
+    return CaseSetup(
+        case=case,
+        lattice="D3Q19",
+        storage=storage,
+        collision=opts.pop("collision"),
+        magic=opts.pop("magic"),
+        n=height,
+        re=re,
+        tau=tau,
+        u_ref=wall_speed,
+        steps=steps,
+        steps_given=steps_given,
+        options=opts,
+        runner=_run,
+        figures=(),
+        write_files=_write_files,
+    )
+
+
+def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
+    """The sheared channel (walls in z) and its initial velocity field."""
+    from lbm_jax import CellType, Simulation
+
+    opts = setup.options
+    w, h = opts["width"], setup.n
+    shape = (w, w, h + 2)
+    cell_type = np.zeros(shape, np.int32)
+    cell_type[..., 0] = cell_type[..., -1] = CellType.WALL
+    z = np.arange(h + 2, dtype=np.float64) - 0.5  # wall planes at z = 0 and H
+    profile = opts["shear_rate"] * (np.clip(z, 0.0, h) - h / 2.0)
+    u = np.zeros((3, *shape))
+    u[0] = profile
+    sim = Simulation(
+        setup.lattice,
+        shape,
+        tau=setup.tau,
+        storage=setup.storage,
+        collision=setup.collision,
+        magic=setup.magic,
+        cell_type=cell_type,
+        wall_velocity=u * (cell_type == CellType.WALL),
+    )
+    return sim, u
+
+
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+    import jax.numpy as jnp
+
+    from lbm_jax._run import run, steady
+    from lbm_jax.ibm import (
+        ImmersedBoundary,
+        Membrane,
+        area,
+        icosphere,
+        shear_plane_deformation,
+        volume,
+    )
+
+    opts = setup.options
+    radius, ca, law, c = opts["radius"], opts["ca"], opts["law"], opts["skalak_c"]
+    gamma = opts["shear_rate"]
+    sim, u0 = _shear_cell(setup)
+    shape = sim.shape
+    centre = ((shape[0] - 1) / 2.0, (shape[1] - 1) / 2.0, (shape[2] - 1) / 2.0)
+    mesh = icosphere(radius, nodes=opts["nodes"], center=centre)
+    shear_modulus = setup.nu * gamma * radius / ca  # mu gamma_dot r / Ca, rho = 1
+    membrane = Membrane(mesh, law=law, shear_modulus=shear_modulus, skalak_c=c)
+    ib = ImmersedBoundary(sim, membrane, kernel=opts["kernel"])
+    faces = jnp.asarray(mesh.faces)
+
+    def observe(state: Any) -> dict[str, Any]:
+        d, theta = shear_plane_deformation(state.nodes, faces)
+        return {
+            "D": d,
+            "theta": theta,
+            "volume": volume(state.nodes, faces),
+            "area": area(state.nodes, faces),
+        }
+
+    rate = RELAXATION_S * gamma / ca
+    sample_every = max(1, round(1.0 / (rate * opts["samples_per_time"])))
+    stop = None
+    if not setup.steps_given:
+        on_d = steady(opts["tol"], lag=opts["samples_per_time"])
+
+        def stop(state: Any, history: Any) -> Any:
+            return on_d(state, history._replace(values=history.values["D"]))
+
+    result = run(
+        ib.step,
+        ib.init(sim.init(1.0, u0)),
+        setup.steps,
+        healthy=ib.healthy,
+        observe=observe,
+        sample_every=sample_every,
+        stop=stop,
+        **driver,
+    )
+    samples = {k: np.asarray(v, np.float64) for k, v in result.samples.values.items()}
+    t = np.asarray(result.samples.steps, np.float64)
+    x0 = np.asarray(mesh.nodes, np.float64)
+    v0, a0 = (
+        float(f(jnp.asarray(x0), jnp.asarray(mesh.faces))) for f in (volume, area)
+    )
+    d_theory = deformation_theory(ca, law, c)
+    d_last = float(samples["D"][-1])
+    d_fit, k_fit = fit_relaxation(t, samples["D"])
+    k_theory = relaxation_rate(gamma, ca, law, c)
+    rho, u = (
+        np.asarray(a, np.float64)[..., 1:-1] for a in sim.fields(result.state.fluid)
+    )
+    metrics = {
+        "steps": result.stats.total_steps,
+        "mlups": result.stats.mlups,
+        "taylor_deformation": d_last,
+        "deformation_theory": d_theory,
+        "deformation_error": abs(d_last - d_theory) / d_theory,
+        "deformation_fit": d_fit,
+        "relaxation_rate": k_fit,
+        "relaxation_rate_theory": k_theory,
+        "relaxation_rate_error": None
+        if k_theory is None
+        else abs(k_fit - k_theory) / k_theory,
+        "inclination_deg": math.degrees(float(samples["theta"][-1])),
+        "volume_drift": float(np.max(np.abs(samples["volume"] / v0 - 1.0))),
+        "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0))),
+        "shear_rate": gamma,
+        "shear_modulus": shear_modulus,
+        "relaxation_time": 1.0 / rate,
+        "stopped_early": result.stats.stopped,
+    }
+    nodes = np.asarray(result.state.nodes, np.float64)
+    extras = {
+        "t": t,
+        **samples,
+        "nodes": nodes,
+        "faces": np.asarray(mesh.faces),
+        "reference_nodes": x0,
+        "node_forces": np.asarray(membrane.forces(result.state.nodes), np.float64),
+    }
+    return metrics, {"rho": rho, "u": u}, extras
+
+
+def _write_files(
+    out: Path, summary: dict[str, Any], fields: dict, extras: dict
+) -> list[Path]:
+    """``membrane.npz``, ``membrane.vtp`` and the figures D(t) and a snapshot."""
+    from lbm_jax import _io, _plot
+
+    files = []
+    npz = out / "membrane.npz"
+    np.savez_compressed(
+        npz,
+        nodes=extras["nodes"],
+        faces=extras["faces"],
+        reference_nodes=extras["reference_nodes"],
+        forces=extras["node_forces"],
+    )
+    files.append(npz)
+    files.append(
+        _io.write_vtp(
+            out / "membrane.vtp",
+            extras["nodes"],
+            extras["faces"],
+            point_data={
+                "force": extras["node_forces"],
+                "displacement": extras["nodes"] - extras["reference_nodes"],
+            },
+        )
+    )
+    title = f"capsule, Ca = {summary['ca']:g} ({summary['storage']})"
+    files.append(
+        _plot.save_figure(
+            _plot.deformation_figure(
+                extras["t"],
+                extras["D"],
+                summary["deformation_theory"],
+                summary["relaxation_rate_theory"],
+                title=f"Taylor deformation: {title}",
+            ),
+            out / "deformation.png",
+        )
+    )
+    files.append(
+        _plot.save_figure(
+            _plot.capsule_snapshot_figure(
+                fields["u"],
+                extras["nodes"] - np.array([0.0, 0.0, 1.0]),  # fields skip the wall
+                extras["faces"],
+                title=f"x-z section, Ca = {summary['ca']:g}\n{summary['storage']}",
+            ),
+            out / "snapshot.png",
+        )
+    )
+    return files
