@@ -68,6 +68,7 @@ PIPELINES: Mapping[str, str] = {
     "amp": "experiments.amp",
     "lbm_accuracy": "experiments.lbm_accuracy",
     "lbm_performance": "experiments.lbm_performance",
+    "lbm_capsule": "experiments.lbm_capsule",
 }
 
 #: Wall-time budget (seconds) of each pipeline at the quick scale on a 2-core CPU;
@@ -78,6 +79,7 @@ QUICK_BUDGET_S: Mapping[str, float] = {
     "amp": 180.0,
     "lbm_accuracy": 240.0,
     "lbm_performance": 60.0,
+    "lbm_capsule": 180.0,
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "full")

@@ -69,6 +69,7 @@ __all__ = [
     "run_one",
     "settings_for",
     "storage_label",
+    "sweep",
 ]
 
 #: Short names of the 16-bit storage policies, in the registry's order.
@@ -292,7 +293,7 @@ def _compare_to(records: list[dict[str, Any]], reference: dict[str, Any]) -> Non
         r["max_drho_vs_fp64"] = float(np.max(np.abs(drho)))
 
 
-def _sweep(
+def sweep(
     case: str,
     runs: Sequence[tuple[str, bool]],
     desc: str,
@@ -301,6 +302,12 @@ def _sweep(
     store: Path | None = None,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
+    """Run one case for each ``(storage, shift)``; compare each with the FP64 run.
+
+    Every run goes through :func:`run_one` (writing to ``run_root/<label>`` when
+    given, kept in ``store``); records gain ``err_vs_fp64`` (relative L2 of the
+    velocity against FP64/FP64, or FP32/FP32 without an FP64 run).
+    """
     records = []
     for s, shift in progress(runs, desc=desc, total=len(runs)):
         out = None if run_root is None else run_root / _slug(storage_label(s, shift))
@@ -429,7 +436,7 @@ def _cylinder_sweep(
 ) -> list[dict[str, Any]]:
     if not runs:
         return []
-    return _sweep(
+    return sweep(
         case,
         runs,
         case,
@@ -470,10 +477,10 @@ def run(
     out_dir = Path(out_dir)
     env = _framework.capture_environment(seed=seed, scale=scale)
     runs_dir = out_dir / "runs"
-    sweep = functools.partial(_sweep, store=work_dir)
+    sweep_stored = functools.partial(sweep, store=work_dir)
     cylinder_sweep = functools.partial(_cylinder_sweep, store=work_dir)
 
-    poiseuille = sweep(
+    poiseuille = sweep_stored(
         "poiseuille",
         st.runs,
         "poiseuille",
@@ -486,14 +493,14 @@ def run(
             labels = {storage_label(*r) for r in st.width_runs}
             widths += [r for r in poiseuille if r["label"] in labels]
             continue
-        widths += sweep(
+        widths += sweep_stored(
             "poiseuille",
             st.width_runs,
             f"poiseuille N={n}",
             n=n,
             steps=st.poiseuille_steps,
         )
-    taylor_green = sweep(
+    taylor_green = sweep_stored(
         "taylor_green",
         st.runs,
         "taylor_green",
@@ -503,7 +510,7 @@ def run(
     )
     cavity = []
     for re in st.cavity_re:
-        cavity += sweep(
+        cavity += sweep_stored(
             "cavity",
             st.cavity_runs,
             f"cavity Re={re}",

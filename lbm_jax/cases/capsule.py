@@ -47,7 +47,13 @@ from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
-__all__ = ["deformation_theory", "fit_relaxation", "prepare", "relaxation_rate"]
+__all__ = [
+    "deformation_theory",
+    "fit_relaxation",
+    "prepare",
+    "relaxation_rate",
+    "shear_cell",
+]
 
 #: Relaxation rate of the linear theory, in units of ``G_s / (mu r)``, for C = 1.
 RELAXATION_S = 0.2484
@@ -194,6 +200,7 @@ def prepare(
     )
     opts["shear_rate"] = shear_rate
     rate = RELAXATION_S * shear_rate / opts["ca"]
+    opts["relaxation_time"] = 1.0 / rate
     steps_given = steps is not None
     if steps is None:
         steps = math.ceil(opts["max_times"] / rate)
@@ -216,8 +223,14 @@ def prepare(
     )
 
 
-def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
-    """The sheared channel (walls in z) and its initial velocity field."""
+def shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
+    """The sheared channel of a prepared capsule case and its initial velocity.
+
+    Returns:
+        ``(simulation, u)``: the D3Q19 simulation (wall layers at z index 0 and
+        ``H + 1``, moving at ``-/+ gamma_dot H / 2``) and the linear shear profile
+        ``(3, *shape)`` (the wall cells hold their wall velocity).
+    """
     from lbm_jax import CellType, Simulation
 
     opts = setup.options
@@ -258,7 +271,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     opts = setup.options
     radius, ca, law, c = opts["radius"], opts["ca"], opts["law"], opts["skalak_c"]
     gamma = opts["shear_rate"]
-    sim, u0 = _shear_cell(setup)
+    sim, u0 = shear_cell(setup)
     shape = sim.shape
     centre = ((shape[0] - 1) / 2.0, (shape[1] - 1) / 2.0, (shape[2] - 1) / 2.0)
     mesh = icosphere(radius, nodes=opts["nodes"], center=centre)
@@ -325,7 +338,6 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0))),
         "shear_rate": gamma,
         "shear_modulus": shear_modulus,
-        "relaxation_time": 1.0 / rate,
         "stopped_early": result.stats.stopped,
     }
     nodes = np.asarray(result.state.nodes, np.float64)

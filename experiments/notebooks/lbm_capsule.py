@@ -1,0 +1,46 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A capsule in shear flow, per storage format
+#
+# The immersed-boundary capsule (Skalak membrane) relaxing in linear shear flow, run
+# with FP64, FP32 and every DDF-shifted 16-bit storage format: the Taylor deformation
+# D(t) per format, its deviation from FP64, the error against small-deformation theory,
+# and the cost of the immersed-boundary part of a step. The same code runs as
+# `python -m experiments lbm_capsule`; `--full` runs the benchmark's sizes.
+#
+# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
+# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
+# `experiments/results/`.
+
+# %%
+import json
+
+from experiments._notebook import run_for_notebook, show_outcome
+
+outcome = run_for_notebook("lbm_capsule")
+show_outcome(outcome)
+
+# %% [markdown]
+# The provenance of the run: package versions, backend, device, git commit, seed.
+
+# %%
+environment = json.loads((outcome.out_dir / "environment.json").read_text())
+print(json.dumps(environment, indent=1))
+
+# %% [markdown]
+# The report written next to the figures:
+
+# %%
+print((outcome.out_dir / "REPORT.md").read_text())
