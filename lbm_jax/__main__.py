@@ -3,17 +3,21 @@
 Usage::
 
     python -m lbm_jax run {poiseuille,taylor_green,cavity,cavity3d,cylinder,
-                           cylinder_unconfined} [--n N] [--re RE] [--storage NAME]
-                          [--steps S] [--shift/--no-shift] [--lattice L]
-                          [--collision {bgk,trt}] [--u-ref U] --out DIR
+                           cylinder_unconfined,capsule} [--n N] [--re RE]
+                          [--storage NAME] [--steps S] [--shift/--no-shift]
+                          [case options: --lattice L --collision {bgk,trt} --u-ref U
+                           --radius R --ca CA --law L --skalak-c C --kernel K
+                           --nodes N] --out DIR
                           [--checkpoint-every N] [--overwrite] [--progress]
     python -m lbm_jax run --resume DIR [--progress]
     python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32[,fp16s,...]]
                             [--steps S] [--repeats R] [--rounds K] [--all]
                             [--json FILE]
 
-``run`` writes ``DIR/fields.npz`` (``rho`` ``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])``
-in lattice units), ``DIR/summary.json`` and PNG figures. With
+The case options come from one list (:data:`lbm_jax.cases.CLI_OPTIONS`); a case
+refuses an option it does not take. ``run`` writes ``DIR/fields.npz`` (``rho``
+``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])`` in lattice units), ``DIR/summary.json``
+and PNG figures. With
 ``--checkpoint-every N`` it saves the whole run to ``DIR/checkpoints`` every ``N``
 steps (the arguments go to ``DIR/run.json``); ``--resume DIR`` continues a killed
 run from its newest readable checkpoint, and its results equal an uninterrupted

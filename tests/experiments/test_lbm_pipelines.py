@@ -138,3 +138,32 @@ def test_lbm_performance_checks_catch_inconsistent_bytes():
     assert checks["mlups_positive_finite"] is True
     assert np.isclose(rows[1]["speedup_vs_fp32"], 1.2)
     assert np.isclose(rows[0]["roofline_mlups"], 20e3 / 152)
+
+
+@pytest.fixture(scope="module")
+def capsule_study(notebook_run):
+    return notebook_run("lbm_capsule")
+
+
+def test_lbm_capsule_tiny_artefacts_checks_and_ordering(capsule_study):
+    out = capsule_study.out_dir
+    for name in ("results.json", "REPORT.md", "deformation.png"):
+        assert (out / name).stat().st_size > 0, name
+    failed = [k for k, ok in capsule_study.checks.items() if not ok]
+    assert capsule_study.checks and failed == [], failed
+    results = json.loads((out / "results.json").read_text())
+    (records,) = results["records"].values()
+    by_label = {r["label"]: r for r in records}
+    assert by_label["FP64/FP64"]["deviation_vs_fp64"] == 0.0
+    fp32 = by_label["FP32/FP32"]["deviation_vs_fp64"]
+    fp16c = by_label["FP32/FP16C S"]["deviation_vs_fp64"]
+    assert 0.0 < fp32 < fp16c < 1e-3
+    assert "closest to FP64 is" in (out / "REPORT.md").read_text()
+
+
+def test_lbm_capsule_checks_fail_when_a_run_is_missing():
+    from experiments import lbm_capsule
+
+    st = lbm_capsule.settings_for("tiny")
+    checks = lbm_capsule.evaluate_checks({0.05: []}, st, None)
+    assert checks and not any(checks.values())

@@ -1,4 +1,4 @@
-"""Documentation examples run: every lbm_jax docstring and the README's coupled step."""
+"""Documentation examples run: every lbm_jax docstring and the README's examples."""
 
 import doctest
 import importlib
@@ -42,3 +42,11 @@ def test_readme_coupled_step_example_runs(capsys):
     x = result.samples.values[:, 0]
     assert np.all(np.diff(x) > 0) and x[-1] > 8.0
     assert "[ 20  40" in capsys.readouterr().out
+
+
+def test_readme_immersed_boundary_example_runs(capsys):
+    namespace: dict = {}
+    exec(_readme_block("### Immersed boundary"), namespace)
+    nodes = np.asarray(namespace["result"].state.nodes)
+    assert nodes.shape == (642, 3) and np.all(np.isfinite(nodes))
+    assert "(642, 3)" in capsys.readouterr().out
