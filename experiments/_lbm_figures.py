@@ -18,6 +18,11 @@ from experiments._report import new_figure, save_figure
 from lbm_jax.cases.cavity import centre_lines
 
 __all__ = [
+    "CASE_NAMES",
+    "METRIC_NAMES",
+    "build_cylinder_figure",
+    "build_error_figure",
+    "build_taylor_green_figure",
     "cavity_figure",
     "cylinder_figure",
     "error_figure",
@@ -62,41 +67,87 @@ def ghia(component: str, re: int) -> tuple[np.ndarray, np.ndarray]:
     return table[:, 0], table[:, header.index(f"{component}_Re{re}")]
 
 
-def error_figure(
-    studies: dict[str, list[dict[str, Any]]], keys: dict[str, str], out: Path
-) -> Path:
-    """Bar charts (log scale) of each study's reference error and error vs FP64."""
-    fig, axes = new_figure(len(studies), 2, size=(6.8, 3.6))
+#: Words for the metrics the error figure shows.
+METRIC_NAMES: dict[str, str] = {
+    "l2_error": "relative L2 error of u vs the analytic solution",
+    "err_vs_fp64": "relative L2 difference of u vs FP64/FP64",
+    "ghia_max_error": "largest deviation from Ghia et al. (lid units)",
+    "decay_rate_error": "relative error of the decay rate",
+}
+
+#: Words for the case names in titles.
+CASE_NAMES: dict[str, str] = {
+    "poiseuille": "Poiseuille channel",
+    "taylor_green": "Taylor-Green vortices",
+    "cavity": "Lid-driven cavity",
+    "cylinder": "Confined cylinder (Schaefer-Turek 2D-2)",
+    "cylinder_unconfined": "Unconfined cylinder (Karman street)",
+}
+
+
+def build_error_figure(
+    studies: dict[str, list[dict[str, Any]]], keys: dict[str, str]
+) -> Any:
+    """Bar charts (log scale) of each study's reference error and error vs FP64.
+
+    Bars of zero (the reference run itself) cannot be drawn on a log axis and are
+    marked "0"; unstable runs are red hatched bars reaching the top.
+    """
+    from matplotlib.patches import Patch
+
+    fig, axes = new_figure(len(studies), 2, size=(6.8, 3.8))
     for row, (case, records) in enumerate(studies.items()):
         labels = [r["label"] for r in records]
-        for col, (key, title) in enumerate(
-            ((keys[case], "vs reference"), ("err_vs_fp64", "vs FP64/FP64"))
-        ):
+        for col, key in enumerate((keys[case], "err_vs_fp64")):
             ax = axes[row, col]
             values = [metric(r, key) for r in records]
             colors = ["tab:gray" if not r["shift"] else "tab:blue" for r in records]
             finite = [v for v in values if math.isfinite(v) and v > 0]
             top = max(finite) * 10 if finite else 1.0
-            # zero (the reference itself) or NaN: no bar; unstable: a hatched bar
+            bottom = min(finite) / 10 if finite else 0.1
             heights = [
                 v if math.isfinite(v) and v > 0 else (top if v == math.inf else 0.0)
                 for v in values
             ]
             bars = ax.bar(range(len(values)), heights, color=colors)
-            for bar, v in zip(bars, values, strict=True):
+            for i, (bar, v) in enumerate(zip(bars, values, strict=True)):
                 if v == math.inf:
                     bar.set_hatch("//")
                     bar.set_color("tab:red")
+                elif v == 0.0 or math.isnan(v):
+                    ax.annotate(
+                        "0" if v == 0.0 else "n/a",
+                        (i, bottom),
+                        ha="center",
+                        va="bottom",
+                        fontsize="x-small",
+                    )
             ax.set_yscale("log")
+            ax.set_ylim(bottom, top * 2)
             ax.set_xticks(
                 range(len(labels)), labels, rotation=60, ha="right", fontsize="x-small"
             )
-            ax.set_title(f"{case}: {key} {title}", fontsize="small")
+            ax.set_ylabel(METRIC_NAMES.get(key, key), fontsize="x-small")
+            ax.set_title(CASE_NAMES.get(case, case), fontsize="small")
             ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(
-        "blue: DDF-shifted, gray: unshifted, red hatched: unstable", fontsize="small"
+    fig.legend(
+        handles=[
+            Patch(color="tab:blue", label="DDF-shifted"),
+            Patch(color="tab:gray", label="unshifted"),
+            Patch(facecolor="tab:red", hatch="//", label="unstable"),
+        ],
+        loc="outside upper center",
+        ncol=3,
+        fontsize="small",
     )
-    return save_figure(fig, out / "errors.png")
+    return fig
+
+
+def error_figure(
+    studies: dict[str, list[dict[str, Any]]], keys: dict[str, str], out: Path
+) -> Path:
+    """Write :func:`build_error_figure` to ``out/errors.png``."""
+    return save_figure(build_error_figure(studies, keys), out / "errors.png")
 
 
 def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
@@ -141,40 +192,86 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
     return save_figure(fig, out / "cavity_centrelines.png")
 
 
-def cylinder_figure(
-    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
-) -> Path:
+def build_cylinder_figure(
+    records: list[dict[str, Any]], *, case: str = "cylinder"
+) -> Any:
     """Lift-coefficient signal and Strouhal number per storage policy.
 
-    Writes ``<case>.png``; ``case`` selects the Strouhal reference range.
+    The Strouhal numbers are points on an axis zoomed to them and the reference
+    band, so a gap of a few percent stays visible; a run without a measurable
+    shedding frequency is listed as "n/a".
     """
-    fig, axes = new_figure(1, 2, size=(6.0, 4.0))
+    fig, axes = new_figure(1, 2, size=(6.0, 4.2))
     ax_sig, ax_st = axes[0]
-    for r in records:
+    colours = _colours(len(records))
+    for r, colour in zip(records, colours, strict=True):
         history = r.get("history", {})
         if r["stable"] and "cl" in history:
             t = np.asarray(history.get("t", np.arange(len(history["cl"]))))
-            ax_sig.plot(t, history["cl"], lw=0.8, label=r["label"])
-    ax_sig.set(xlabel="time step", ylabel="lift coefficient c_l", title="Lift signal")
+            ax_sig.plot(t, history["cl"], lw=0.8, color=colour, label=r["label"])
+    ax_sig.set(
+        xlabel="time step",
+        ylabel="lift coefficient c_l (-)",
+        title=f"{CASE_NAMES[case]}: lift",
+    )
     ax_sig.grid(alpha=0.3)
-    if ax_sig.lines:
-        ax_sig.legend(fontsize="x-small")
     st = [metric(r, "strouhal") for r in records]
-    ax_st.bar(range(len(st)), [v if math.isfinite(v) else 0.0 for v in st])
     low, high = STROUHAL_RANGE[case]
     ax_st.axhspan(low, high, color="tab:green", alpha=0.3, label=_REFERENCE_NAME[case])
+    for i, (v, colour) in enumerate(zip(st, colours, strict=True)):
+        if math.isfinite(v):
+            ax_st.plot(i, v, "o", color=colour)
+        else:
+            ax_st.annotate("n/a", (i, low), ha="center", fontsize="x-small")
+    shown = [v for v in st if math.isfinite(v)] + [low, high]
+    pad = 0.15 * (max(shown) - min(shown)) + 0.002
+    ax_st.set_ylim(min(shown) - pad, max(shown) + pad)
+    ax_st.set_xlim(-0.5, len(st) - 0.5)
     ax_st.set_xticks(
         range(len(st)), [r["label"] for r in records], rotation=60, ha="right"
     )
-    ax_st.set(ylabel="Strouhal number", title="Karman street: Strouhal number")
-    ax_st.legend(fontsize="x-small")
-    return save_figure(fig, out / f"{case}.png")
+    ax_st.set(ylabel="Strouhal number f D / U (-)", title="Strouhal number")
+    ax_st.grid(axis="y", alpha=0.3)
+    handles, labels = ax_sig.get_legend_handles_labels()
+    band = ax_st.get_legend_handles_labels()
+    fig.legend(
+        handles + band[0],
+        labels + band[1],
+        loc="outside lower center",
+        ncol=4,
+        fontsize="x-small",
+    )
+    return fig
 
 
-def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
-    """Mode amplitude over time, and its deviation from the exact viscous decay."""
-    fig, axes = new_figure(1, 2, size=(6.0, 4.2))
+def cylinder_figure(
+    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
+) -> Path:
+    """Write :func:`build_cylinder_figure` to ``out/<case>.png``."""
+    return save_figure(build_cylinder_figure(records, case=case), out / f"{case}.png")
+
+
+def _colours(n: int) -> list[Any]:
+    """``n`` distinct colours (tab10 up to 10, then tab20, then a colour map)."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    if n <= 20:
+        return [colormaps["tab20"](i) for i in range(n)]
+    return [colormaps["turbo"](x) for x in np.linspace(0.05, 0.95, n)]
+
+
+def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
+    """Mode amplitude over time, and its deviation from the exact viscous decay.
+
+    One colour per storage format; solid lines are DDF-shifted runs, dashed ones
+    unshifted. The legend sits below the panels, clear of the data.
+    """
+    fig, axes = new_figure(1, 2, size=(6.0, 4.6))
     ax_amp, ax_dev = axes[0]
+    storages = list(dict.fromkeys(r["storage"] for r in records))
+    colour = dict(zip(storages, _colours(len(storages)), strict=True))
     exact_drawn = False
     for r in records:
         history = r.get("history", {})
@@ -184,20 +281,39 @@ def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
         amp = np.asarray(history["amplitude"], np.float64) / r["summary"]["u_ref"]
         exact = np.exp(-r["summary"]["decay_rate_exact"] * t)
         style = "-" if r["shift"] else "--"
-        ax_amp.plot(t, amp, style, lw=1, label=r["label"])
-        ax_dev.semilogy(t[1:], np.abs(amp[1:] / exact[1:] - 1.0) + 1e-16, style, lw=1)
+        c = colour[r["storage"]]
+        ax_amp.plot(t, amp, style, color=c, lw=1, label=r["label"])
+        ax_dev.semilogy(
+            t[1:], np.abs(amp[1:] / exact[1:] - 1.0) + 1e-16, style, color=c, lw=1
+        )
         if not exact_drawn:
             ax_amp.plot(t, exact, "k:", lw=2, label="exact exp(-2 nu k^2 t)")
             exact_drawn = True
     ax_amp.set(
-        xlabel="time step", ylabel="mode amplitude / U0", title="Taylor-Green decay"
+        xlabel="time step",
+        ylabel="mode amplitude / U0 (-)",
+        title="Taylor-Green vortices: decay",
     )
     ax_dev.set(
         xlabel="time step",
-        ylabel="|amplitude / exact - 1|",
-        title="Deviation from the exact decay (dashed: unshifted)",
+        ylabel="|amplitude / exact - 1| (+1e-16)",
+        title="Deviation from the exact decay",
     )
     for ax in (ax_amp, ax_dev):
         ax.grid(alpha=0.3, which="both")
-    ax_amp.legend(fontsize="x-small", ncol=2)
-    return save_figure(fig, out / "taylor_green_decay.png")
+    fig.legend(
+        *ax_amp.get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=4,
+        fontsize="x-small",
+        title="solid: DDF-shifted, dashed: unshifted",
+        title_fontsize="x-small",
+    )
+    return fig
+
+
+def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
+    """Write :func:`build_taylor_green_figure` to ``out/taylor_green_decay.png``."""
+    return save_figure(
+        build_taylor_green_figure(records), out / "taylor_green_decay.png"
+    )
