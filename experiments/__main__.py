@@ -78,7 +78,10 @@ def _print_outcome(outcome: PipelineOutcome, write: Callable[[str], None]) -> No
         return
     write(outcome.table.rstrip() + "\n")
     failed = [k for k, v in outcome.checks.items() if not v]
-    status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
+    if not outcome.checks:
+        status = f"FAILED: {_framework.NO_CHECKS}"
+    else:
+        status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
     write(f"{outcome.name}: {status}; results in {outcome.out_dir}\n")
 
 
@@ -118,10 +121,15 @@ def main(
         return 0
     if args.target == "reproduce":
         names = list(pipelines)
-        if args.only:
+        if args.only is not None:
             names = [n.strip() for n in args.only.split(",") if n.strip()]
+            if not names:
+                parser.error(
+                    f"--only is {args.only!r}, which names no pipeline; give a "
+                    f"comma-separated subset of: {', '.join(pipelines)}."
+                )
     elif args.target in pipelines:
-        if args.only:
+        if args.only is not None:
             parser.error("--only is only valid with 'reproduce'.")
         names = [args.target]
     else:

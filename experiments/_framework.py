@@ -6,7 +6,8 @@ A *pipeline* is a module ``experiments.<name>`` exposing::
 
 that writes its JSON, PNG figures and a ``REPORT.md`` into ``out_dir`` (which exists
 and is empty) and returns a dict with at least ``"table"`` (a markdown table string)
-and ``"checks"`` (``{name: bool}``).
+and ``"checks"`` (``{name: bool}``, at least one: a pipeline that checks nothing
+fails).
 
 :func:`run_pipeline` gives every run a fresh directory: the pipeline writes into a
 temporary sibling ``.<name>.tmp-<id>`` which is renamed into place when the pipeline
@@ -45,12 +46,14 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_RESULTS_DIR",
+    "NO_CHECKS",
     "PIPELINES",
     "QUICK_BUDGET_S",
     "SCALES",
     "SCALE_ENV_VAR",
     "PipelineOutcome",
     "capture_environment",
+    "checks_failure",
     "fresh_directory",
     "git_commit",
     "resolve_scale",
@@ -261,8 +264,31 @@ class PipelineOutcome:
 
     @property
     def passed(self) -> bool:
-        """True when the pipeline ran and every check passed."""
-        return self.error is None and all(self.checks.values())
+        """True when the pipeline ran, returned checks and every check passed."""
+        return self.failure is None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the pipeline did not pass (``None`` when it passed)."""
+        if self.error is not None:
+            return "raised an error"
+        return checks_failure(self.checks)
+
+
+#: Why a pipeline that returned an empty check set fails.
+NO_CHECKS = "returned no checks (a pipeline must check something to pass)"
+
+
+def checks_failure(checks: Mapping[str, bool]) -> str | None:
+    """Why ``checks`` is not a pass: none given, or the names of the failed ones.
+
+    >>> checks_failure({"a": True}) is None, checks_failure({})
+    (True, 'returned no checks (a pipeline must check something to pass)')
+    """
+    if not checks:
+        return NO_CHECKS
+    failed = [k for k, v in checks.items() if not v]
+    return f"failed checks: {', '.join(failed)}" if failed else None
 
 
 @contextlib.contextmanager
@@ -386,7 +412,7 @@ def run_pipeline(
             wall_s = time.perf_counter() - start
             summary = {
                 "pipeline": name,
-                "passed": all(checks.values()),
+                "passed": checks_failure(checks) is None,
                 "checks": checks,
                 "wall_s": wall_s,
                 "environment": environment,
@@ -507,9 +533,8 @@ def write_top_level_report(
         "",
     ]
     for o in outcomes:
-        failed = [k for k, v in o.checks.items() if not v]
-        if failed:
-            lines.append(f"- {o.name}: failed checks: {', '.join(failed)}")
+        if o.error is None and o.failure is not None:
+            lines.append(f"- {o.name}: {o.failure}")
         if o.error:
             last = o.error.strip().splitlines()[-1]
             lines.append(f"- {o.name}: raised `{last}`")
