@@ -13,7 +13,8 @@ moves 4 + 2 + 2 + 4 bytes, so 1.5x is the memory-bound floor for 16 bits once th
 arrays are much larger than the caches (as at the default 2**26 values).
 
 Targets (issue #2, a 2-core AVX2/F16C CPU): float16 and fp16s within 2x of the
-copy; fp16c and the posits within 6x.
+copy; fp16c and the posits within 6x. The command exits with status 1 when a
+format misses its target.
 
 Run ``python -m experiments.bench_formats [--log2n 26] [--repeats 5] [--json FILE]``.
 """
@@ -180,7 +181,12 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: run the benchmark, print the table, optionally write JSON."""
+    """Command line: run the benchmark, print the table, optionally write JSON.
+
+    Returns:
+        0 when every format with a target meets it, 1 otherwise (2, by
+        ``SystemExit``, for invalid arguments).
+    """
     parser = argparse.ArgumentParser(
         prog="python -m experiments.bench_formats", description=__doc__.split("\n")[0]
     )
@@ -192,6 +198,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.log2n <= 30:
         parser.error(f"--log2n must be in [1, 30], got {args.log2n}")
+    if args.json is not None:
+        # checked (and its directory made) before measuring, not after
+        if args.json.is_dir():
+            parser.error(f"--json {args.json}: is a directory; give a file name.")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(
+                f"--json {args.json}: cannot create directory {args.json.parent} "
+                f"({err.strerror}); write the file elsewhere."
+            )
+        if not os.access(args.json.parent, os.W_OK | os.X_OK):
+            parser.error(
+                f"--json {args.json}: directory {args.json.parent} is not "
+                "writable; write the file elsewhere."
+            )
     try:
         result = bench(
             2**args.log2n, repeats=args.repeats, names=args.formats, seed=args.seed
@@ -202,7 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
-    return 0
+    missed = [r for r in result["rows"] if r["meets_target"] is False]
+    for r in missed:
+        print(
+            f"{r['name']}: (encode + decode)/copy {r['ratio_paired']:.2f}x misses "
+            f"the target of {r['target']:g}x",
+            file=sys.stderr,
+        )
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

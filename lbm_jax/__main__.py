@@ -152,6 +152,27 @@ def _needs_x64(storage: str) -> bool:
         return False
 
 
+def _check_creatable(flag: str, directory: Path) -> None:
+    """Raise ``ValueError`` unless ``directory`` exists or can be created.
+
+    Nothing is created: the nearest existing ancestor must be a writable
+    directory.
+    """
+    ancestor = directory.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(
+            f"{flag} {str(directory)!r} cannot be created: {str(ancestor)!r} is a "
+            "file, not a directory; choose a path under a directory."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag} {str(directory)!r} cannot be created: {str(ancestor)!r} is not "
+            "writable; choose a path in a directory you can write to."
+        )
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import jax
 
@@ -222,6 +243,7 @@ def _run_case(
         prepare_case(case, **kwargs)
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a directory.")
+        _check_creatable("--out", out)
         if not resume and out.is_dir() and any(out.iterdir()) and not args.overwrite:
             raise ValueError(
                 f"--out {str(out)!r} already exists and is not empty; choose a new "
@@ -282,8 +304,12 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 get_storage(storage)
             if args.devices is not None and len(storages) > 1:
                 raise ValueError("--devices applies to a single storage policy.")
-        if args.json is not None and Path(args.json).is_dir():
-            raise ValueError(f"--json {args.json!r} is a directory; give a file name.")
+        if args.json is not None:
+            if Path(args.json).is_dir():
+                raise ValueError(
+                    f"--json {args.json!r} is a directory; give a file name."
+                )
+            _check_creatable("--json", Path(args.json).parent)
     except (ValueError, TypeError) as err:
         parser.error(str(err))
     if args.all or len(storages) > 1:

@@ -99,10 +99,17 @@ def parse_collision(
             f"collision must be a str or Collision, got {type(collision).__name__}."
         )
     tau = check_tau(tau)
+    if isinstance(magic, bool) or not isinstance(
+        magic, int | float | np.integer | np.floating
+    ):
+        raise TypeError(
+            f"magic must be a real number (the TRT magic parameter), got {magic!r} "
+            f"of type {type(magic).__name__}; pass e.g. magic=3/16."
+        )
     magic = float(magic)
     if kind is Collision.TRT and (not math.isfinite(magic) or magic <= 0.0):
         raise ValueError(
-            f"TRT magic parameter must be finite and > 0, got {magic}; "
+            f"magic (the TRT magic parameter) must be finite and > 0, got {magic}; "
             "3/16 is the usual choice."
         )
     return CollisionModel(kind, tau, magic)

@@ -179,10 +179,7 @@ class Simulation:
     ) -> None:
         lat = get_lattice(lattice)
         shape = check_shape(shape, lat)
-        if shift is None and isinstance(storage, StoragePolicy):
-            pol = storage
-        else:
-            pol = get_storage(storage, shift=True if shift is None else shift)
+        pol = get_storage(storage, shift=shift)
         pol.check_enabled()
         model = parse_collision(collision, tau, magic)
 
@@ -365,6 +362,7 @@ class Simulation:
                 (better conditioned for sums in low precision), rather than
                 ``f_i``. Without shifting both are the same.
         """
+        self._check_state(state)
         pol = self.storage
         f = pol.decode(from_layout(state.f))
         if pol.shift and not shifted:
@@ -383,6 +381,7 @@ class Simulation:
                 not the construction force (see :meth:`step`); its Guo half-force
                 is taken off the momentum.
         """
+        self._check_state(state)
         pol = self.storage
         f = pol.decode(state.f)
         rho, j = moments(self.lattice, f, shift=pol.shift, axis=1)
@@ -393,6 +392,7 @@ class Simulation:
 
     def healthy(self, state: LBMState) -> jax.Array:
         """True when every density is finite and positive (jit-able, no sync)."""
+        self._check_state(state)
         pol = self.storage
         rho, _ = moments(self.lattice, pol.decode(state.f), shift=pol.shift, axis=1)
         return jnp.all(jnp.isfinite(rho) & (rho > 0))
@@ -406,6 +406,7 @@ class Simulation:
             force: Body force of this step, ``(D,)`` or ``(D, *shape)`` (traced: a
                 new value never recompiles); ``None`` uses the construction force.
         """
+        self._check_state(state)
         return self._step_jit(self, state, force)
 
     def _step_impl(self, state: LBMState, force: ArrayLike | None) -> LBMState:
@@ -447,6 +448,7 @@ class Simulation:
             steps = steps.astype(jnp.int32)
         else:
             steps = jnp.asarray(check_steps(steps), jnp.int32)
+        self._check_state(state)
         return self._advance_jit(self, state, steps, force)
 
     def _advance_impl(
@@ -461,6 +463,28 @@ class Simulation:
     _advance_jit = staticmethod(jax.jit(_advance_impl, donate_argnames=("state",)))
 
     # -- internals -----------------------------------------------------------------
+    def _check_state(self, state: LBMState) -> None:
+        """Raise unless ``state`` holds populations of this simulation's layout.
+
+        Uses static shapes and dtypes only, so it runs on the host for concrete
+        and traced states alike.
+        """
+        f = getattr(state, "f", None)
+        if not hasattr(f, "shape") or not hasattr(f, "dtype"):
+            raise TypeError(
+                f"state must be an LBMState of this simulation, got "
+                f"{type(state).__name__}; build one with sim.init()."
+            )
+        shape = (self.shape[0], self.lattice.q, *self.shape[1:])
+        dtype = self.storage.storage_dtype
+        if tuple(f.shape) != shape or np.dtype(f.dtype) != dtype:
+            raise ValueError(
+                f"state does not belong to this simulation: its populations have "
+                f"shape {tuple(f.shape)} and dtype {np.dtype(f.dtype)}, but {self!r} "
+                f"stores shape {shape} and dtype {dtype}; read a state with the "
+                "Simulation that made it (or build one with sim.init())."
+            )
+
     def _aux_with(self, force: ArrayLike | None) -> _Aux:
         """The step's arrays, with a per-call force (validated, compute dtype)."""
         if force is None:

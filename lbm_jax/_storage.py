@@ -120,23 +120,29 @@ class StoragePolicy:
         return self.name if self.shift else f"{self.name} (unshifted)"
 
 
-def get_storage(name: str | StoragePolicy, *, shift: bool = True) -> StoragePolicy:
+def get_storage(
+    name: str | StoragePolicy, *, shift: bool | None = None
+) -> StoragePolicy:
     """Return a storage policy by name.
 
     Args:
         name: Canonical (``"FP32/FP16S"``) or short (``"fp16s"``) name, matched
-            case-insensitively; a :class:`StoragePolicy` is returned with ``shift``
-            applied.
-        shift: Store DDF-shifted populations ``f_i - w_i`` (recommended).
+            case-insensitively; a :class:`StoragePolicy` is returned as is, or
+            with ``shift`` applied when ``shift`` is given.
+        shift: Store DDF-shifted populations ``f_i - w_i`` (recommended);
+            ``None`` keeps a policy's own flag, and means ``True`` for a name.
 
     Raises:
         ValueError: For an unknown name.
         TypeError: For a name that is not a string.
     """
-    if not isinstance(shift, bool):
-        raise TypeError(f"shift must be a bool, got {shift!r}.")
+    if shift is not None and not isinstance(shift, bool):
+        raise TypeError(
+            f"shift must be a bool or None, got {shift!r}; pass shift=True or "
+            "shift=False."
+        )
     if isinstance(name, StoragePolicy):
-        return dataclasses.replace(name, shift=shift)
+        return name if shift is None else dataclasses.replace(name, shift=shift)
     if not isinstance(name, str):
         raise TypeError(
             f"Storage name must be a str or StoragePolicy, got {type(name).__name__}."
@@ -153,7 +159,7 @@ def get_storage(name: str | StoragePolicy, *, shift: bool = True) -> StoragePoli
         name=canon,
         compute_dtype=np.dtype(compute),
         format=_formats.get_format(fmt),
-        shift=shift,
+        shift=True if shift is None else shift,
     )
 
 

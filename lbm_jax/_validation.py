@@ -79,10 +79,13 @@ def check_real(value: object, name: str) -> float:
 
 def check_shape(shape: Sequence[int], lattice: Lattice) -> tuple[int, ...]:
     """Validate a grid size against the lattice dimension."""
-    if isinstance(shape, int) or not all(
+    if not isinstance(shape, Sequence | np.ndarray) or not all(
         isinstance(n, int | np.integer) and not isinstance(n, bool) for n in shape
     ):
-        raise TypeError(f"shape must be a sequence of ints, got {shape!r}.")
+        raise TypeError(
+            f"shape must be a sequence of ints ({lattice.d} for {lattice.name}), "
+            f"got {shape!r}; pass e.g. shape={(16,) * lattice.d}."
+        )
     shape = tuple(int(n) for n in shape)
     if len(shape) != lattice.d or min(shape) < 1:
         raise ValueError(
@@ -94,7 +97,13 @@ def check_shape(shape: Sequence[int], lattice: Lattice) -> tuple[int, ...]:
 
 def check_density(name: str, value: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
     """A positive, finite scalar or grid-shaped density as a float64 grid."""
-    rho = np.asarray(value, dtype=np.float64)
+    rho = np.asarray(value)
+    if rho.dtype.kind not in "iuf":
+        raise TypeError(
+            f"{name} must be a positive real number or an array of them, got "
+            f"{value!r} (dtype {rho.dtype}); pass e.g. {name}=1.0."
+        )
+    rho = rho.astype(np.float64)
     if rho.shape not in ((), shape):
         raise ValueError(
             f"{name} must be a scalar or of shape {shape}, got shape {rho.shape}."

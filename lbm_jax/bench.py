@@ -13,6 +13,7 @@ Timing follows the usual rules: compile and run once (warm-up), then time
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -130,8 +131,10 @@ def bench(
         ``backend``, ``devices``.
 
     Raises:
-        ValueError: For an unknown lattice/storage, ``n < 4`` or ``repeats < 1``
-            (before anything is compiled).
+        ValueError: For an unknown lattice/storage, ``n < 4``, ``repeats < 1`` or
+            a ``bandwidth`` that is not positive and finite (before anything is
+            compiled).
+        TypeError: For a ``bandwidth`` that is not a number.
     """
     from lbm_jax._lattice import get_lattice
     from lbm_jax._simulation import Simulation
@@ -148,6 +151,22 @@ def bench(
         steps = _default_steps(cells)
     elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}.")
+    if bandwidth is not None:
+        if isinstance(bandwidth, bool) or not isinstance(
+            bandwidth, int | float | np.integer | np.floating
+        ):
+            raise TypeError(
+                f"bandwidth must be a number of GB/s or None, got {bandwidth!r} of "
+                f"type {type(bandwidth).__name__}; pass e.g. bandwidth=50.0, or "
+                "None to measure it."
+            )
+        if not (math.isfinite(bandwidth) and bandwidth > 0):
+            raise ValueError(
+                f"bandwidth must be positive and finite (GB/s) or None, got "
+                f"{bandwidth!r}; pass the machine's memory bandwidth, e.g. "
+                "bandwidth=50.0, or None to measure it."
+            )
+        bandwidth = float(bandwidth)
     if devices is None:
         available = jax.local_device_count()
         devices = available if n % available == 0 else 1
