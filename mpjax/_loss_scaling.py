@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax import lax
 
 __all__ = [
@@ -434,13 +436,59 @@ def dynamic_loss_scaling(
 _STATE_TYPES = (DynamicLossScaleState, StaticLossScaleState, NoLossScaleState)
 
 
+def _from_nnx_mapping(tree: Any) -> Any:
+    """Rebuilds loss-scaling states that ``nnx.state`` turned into mappings.
+
+    ``nnx.state(optimizer)`` stores a NamedTuple as a :class:`flax.nnx.State` keyed
+    by its field names; a mapping whose keys are exactly the fields of one of the
+    loss-scaling states is turned back into that state.
+    """
+    if not isinstance(tree, Mapping):
+        return tree
+    keys = set(tree.keys())
+    for state_type in _STATE_TYPES:
+        if keys == set(state_type._fields):
+            return state_type(**{k: tree[k] for k in state_type._fields})
+    return {k: _from_nnx_mapping(v) for k, v in tree.items()}
+
+
+def _as_optax_state(opt_state: Any) -> Any:
+    """Unwraps what Flax NNX users hold into a plain optax state; rejects the rest.
+
+    Accepts an optax state, an :class:`flax.nnx.Optimizer`, its ``opt_state``
+    (leaves wrapped in :class:`flax.nnx.Variable`) and :class:`flax.nnx.State`
+    trees of either.
+    """
+    if isinstance(opt_state, nnx.Optimizer):
+        opt_state = opt_state.opt_state
+    elif isinstance(opt_state, nnx.Module):
+        raise TypeError(
+            f"Expected an optimizer state, got the Flax module "
+            f"{type(opt_state).__name__}; pass the nnx.Optimizer (or its "
+            "opt_state) that trains it, not the model."
+        )
+    is_nnx_state = isinstance(opt_state, nnx.State)
+    opt_state = nnx.as_pure(opt_state)
+    if is_nnx_state:
+        opt_state = _from_nnx_mapping(opt_state)
+    treedef = jax.tree.structure(opt_state)
+    if opt_state is None or (treedef.num_nodes == 1 and treedef.num_leaves == 1):
+        raise TypeError(
+            f"Expected an optimizer state, got {type(opt_state).__name__} "
+            f"{opt_state!r}; pass the state returned by the optimizer's init or "
+            "update (e.g. opt.init(params)), a TrainState's opt_state, or a Flax "
+            "nnx.Optimizer."
+        )
+    return opt_state
+
+
 def _find_states(opt_state: Any) -> list[Any]:
     leaves = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATE_TYPES))
     return [x for x in leaves if isinstance(x, _STATE_TYPES)]
 
 
 def _single_state(opt_state: Any, what: str) -> Any | None:
-    states = _find_states(opt_state)
+    states = _find_states(_as_optax_state(opt_state))
     if len(states) > 1:
         raise ValueError(
             f"Cannot read the {what}: the optimizer state holds {len(states)} "
@@ -454,17 +502,22 @@ def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
     """Returns the current loss scale found anywhere in an optimizer state.
 
     Works through any nesting (``optax.chain``, ``optax.MultiSteps``,
-    ``optax.inject_hyperparams``, ``optax.multi_transform``).
+    ``optax.inject_hyperparams``, ``optax.multi_transform``). Flax NNX training
+    state is read as well: an :class:`flax.nnx.Optimizer`, its ``opt_state``
+    (whose leaves are :class:`flax.nnx.Variable` objects) or an
+    :class:`flax.nnx.State` of either (``nnx.state(optimizer)``).
 
     Args:
-      opt_state: an optimizer state.
+      opt_state: an optimizer state, or a Flax NNX optimizer or its state.
 
     Returns:
-      A float32 scalar: the scale of the (single) loss-scaling state, or 1.0 when
-      there is none or it is a :func:`no_loss_scaling` state.
+      A float32 scalar array: the scale of the (single) loss-scaling state, or
+      1.0 when there is none or it is a :func:`no_loss_scaling` state.
 
     Raises:
       ValueError: if the state holds more than one loss-scaling state.
+      TypeError: if ``opt_state`` is not an optimizer state (``None``, a number,
+        a string, an array, a Flax model).
 
     >>> opt = optax.chain(dynamic_loss_scaling(optax.sgd(0.1), init_scale=4.0))
     >>> float(get_loss_scale(opt.init({"w": jnp.zeros(2)})))
@@ -487,6 +540,7 @@ def get_skipped_steps(opt_state: optax.OptState) -> jax.Array:
 
     Raises:
       ValueError: if the state holds more than one loss-scaling state.
+      TypeError: if ``opt_state`` is not an optimizer state.
     """
     state = _single_state(opt_state, "skipped-step count")
     if state is None:

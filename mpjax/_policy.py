@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mpjax.formats._base import require_x64
+
 __all__ = ["Policy", "get_policy", "parse_dtype"]
 
 T = TypeVar("T")
@@ -121,7 +123,17 @@ def parse_dtype(name: str) -> np.dtype:
 
 
 def _canonical_dtype(value: Any, role: str) -> np.dtype:
-    """Turns any dtype-like (name, dtype, scalar type, native format) into a dtype."""
+    """Turns any dtype-like (name, dtype, scalar type, native format) into a dtype.
+
+    Raises ``ValueError`` for float64 while 64-bit types are disabled, where JAX
+    would silently compute in float32 instead.
+    """
+    if value is None:
+        # jnp.dtype(None) is the default float dtype, which would hide the mistake.
+        raise TypeError(
+            f"{role}_dtype must be a dtype, dtype name or native number format, "
+            "got None; pass e.g. jnp.float32 or 'bfloat16'."
+        )
     if isinstance(value, str):
         dtype = parse_dtype(value)
     elif hasattr(value, "storage_dtype") and hasattr(value, "name"):
@@ -148,6 +160,8 @@ def _canonical_dtype(value: Any, role: str) -> np.dtype:
             "dtype such as float32, bfloat16 or float16 (integer and boolean leaves "
             "are never cast by a policy, so they need no entry)."
         )
+    if dtype == np.dtype(np.float64):
+        require_x64(f"{role}_dtype")
     return dtype
 
 
@@ -188,8 +202,10 @@ class Policy:
       output_dtype: dtype of the model's outputs (e.g. the loss).
 
     Raises:
-      ValueError: for unknown names, non-floating dtypes or encoded formats.
-      TypeError: for values that are not dtype-like.
+      ValueError: for unknown names, non-floating dtypes or encoded formats, and
+        for float64 while 64-bit types are disabled (enable them with
+        ``jax.config.update("jax_enable_x64", True)`` or ``jax.enable_x64``).
+      TypeError: for values that are not dtype-like (including ``None``).
 
     >>> p = Policy("float32", "bfloat16", "float32")
     >>> str(p)
@@ -351,7 +367,8 @@ def get_policy(spec: str | Policy | Any) -> Policy:
       The policy.
 
     Raises:
-      ValueError: on a malformed spec or unknown/non-floating dtype names.
+      ValueError: on a malformed spec, unknown/non-floating dtype names, or a
+        float64 dtype while 64-bit types are disabled.
       TypeError: if ``spec`` has an unsupported type.
 
     >>> get_policy("mixed_bfloat16")

@@ -377,7 +377,6 @@ def test_get_loss_scale_inside_multi_transform_and_ambiguity():
 def test_get_loss_scale_defaults_and_nesting():
     params = _params()
     assert float(mpjax.get_loss_scale(optax.sgd(0.1).init(params))) == 1.0
-    assert float(mpjax.get_loss_scale(None)) == 1.0
     nested = optax.chain(
         optax.identity(), mpjax.dynamic_loss_scaling(optax.sgd(0.1), init_scale=64.0)
     )
@@ -526,3 +525,73 @@ def test_float64_gradients_are_unscaled_in_float64(x64):
     updates, _ = jax.jit(opt.update)(grads, opt.init(params), params)
     assert updates["w"].dtype == jnp.float64
     np.testing.assert_array_equal(updates["w"], -1e-300)
+
+
+# ---------------------------------------------------------------- Flax NNX states
+
+
+def _nnx_model_and_optimizer():
+    from flax import nnx
+
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    tx = mpjax.dynamic_loss_scaling(optax.adam(1e-3), init_scale=2.0**10)
+    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
+@pytest.mark.standard_promotion
+def test_get_loss_scale_reads_nnx_optimizer_and_its_states():
+    from flax import nnx
+
+    _, optimizer = _nnx_model_and_optimizer()
+    for held in (
+        optimizer,
+        optimizer.opt_state,
+        nnx.state(optimizer),
+        nnx.state(optimizer.opt_state),
+    ):
+        scale = mpjax.get_loss_scale(held)
+        assert isinstance(scale, jax.Array), type(held)
+        assert scale.dtype == jnp.float32 and float(scale) == 2.0**10
+        skipped = mpjax.get_skipped_steps(held)
+        assert isinstance(skipped, jax.Array), type(held)
+        assert skipped.dtype == jnp.int32 and int(skipped) == 0
+
+
+@pytest.mark.standard_promotion
+def test_get_loss_scale_nnx_optimizer_follows_skipped_step():
+    from flax import nnx
+
+    model, optimizer = _nnx_model_and_optimizer()
+    grads = jax.tree.map(
+        lambda p: jnp.full(p.shape, INF, p.dtype), nnx.state(model, nnx.Param)
+    )
+    optimizer.update(model, grads)
+    scale = mpjax.get_loss_scale(optimizer)
+    assert isinstance(scale, jax.Array) and float(scale) == 2.0**9
+    assert int(mpjax.get_skipped_steps(optimizer.opt_state)) == 1
+
+
+@pytest.mark.standard_promotion
+def test_get_loss_scale_nnx_optimizer_without_loss_scaling_is_one():
+    from flax import nnx
+
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    assert float(mpjax.get_loss_scale(optimizer)) == 1.0
+    assert int(mpjax.get_skipped_steps(optimizer.opt_state)) == 0
+
+
+@pytest.mark.parametrize("bad", [None, 3.0, 7, "adam", jnp.ones(2), object()])
+@pytest.mark.parametrize("getter", [mpjax.get_loss_scale, mpjax.get_skipped_steps])
+def test_get_loss_scale_rejects_non_states(getter, bad):
+    with pytest.raises(TypeError, match="optimizer state"):
+        getter(bad)
+
+
+@pytest.mark.standard_promotion
+def test_get_loss_scale_rejects_nnx_model():
+    from flax import nnx
+
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match="nnx.Optimizer"):
+        mpjax.get_loss_scale(model)

@@ -45,7 +45,10 @@ def test_bench_command_line_writes_json(tmp_path, capsys):
     code = bench_formats.main(
         ["--log2n", "8", "--repeats", "1", "--formats", "posit16", "--json", str(out)]
     )
-    assert code == 0
     data = json.loads(out.read_text())
     assert [r["name"] for r in data["rows"]] == ["posit16"]
+    # the exit status reports the stated target (timing on a shared machine)
+    assert code == (
+        0 if all(r["meets_target"] is not False for r in data["rows"]) else 1
+    )
     assert "| posit16 | 16 |" in capsys.readouterr().out
