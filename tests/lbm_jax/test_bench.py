@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from lbm_jax.__main__ import main
@@ -28,6 +29,19 @@ def test_bench_reports_mlups_and_bytes_per_cell(storage, bytes_per_cell):
     json.dumps(r)  # JSON-ready
     table = format_table([r])
     assert r["storage"] in table and "MLUPs" in table
+    assert r["flow"].startswith("Taylor-Green") and "Taylor-Green" in table
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_bench_flow_is_a_divergence_free_vortex_field(d):
+    from lbm_jax.bench import taylor_green_velocity
+
+    u = taylor_green_velocity(d, 16)
+    assert u.shape == (d, *(16,) * d)
+    assert np.max(np.abs(u)) == pytest.approx(0.05)
+    # periodic central differences of this field cancel exactly
+    div = sum(np.roll(u[a], -1, axis=a) - np.roll(u[a], 1, axis=a) for a in range(d))
+    assert np.max(np.abs(div)) < 1e-12
 
 
 def test_bench_splits_over_local_devices_by_default():
