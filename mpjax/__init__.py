@@ -13,7 +13,7 @@ from mpjax._loss_scaling import (
     static_loss_scaling,
 )
 from mpjax._policy import Policy, get_policy
-from mpjax._scaled_grad import scaled_value_and_grad
+from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "make_train_step",
     "no_loss_scaling",
     "policy_apply",
+    "nnx_value_and_grad",
     "scaled_value_and_grad",
     "static_loss_scaling",
 ]

@@ -7,7 +7,7 @@ unscale, together with the unscaled loss.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mpjax._loss_scaling import _is_float_array, _wide
+from mpjax._loss_scaling import _is_float_array, _wide, get_loss_scale
 
-__all__ = ["scaled_value_and_grad"]
+__all__ = ["nnx_value_and_grad", "scaled_value_and_grad"]
 
 
 def _is_differentiable(x: Any) -> bool:
@@ -31,6 +31,22 @@ def _zero_grad(x: Any) -> Any:
     if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
         return jnp.zeros_like(x)
     return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
+
+
+def _scale(out: Any, loss_scale: Any, has_aux: bool) -> tuple[Any, Any]:
+    """``(loss * scale in float32 or wider, (loss, aux))`` of a loss function's
+    output, after checking that the loss is a floating scalar."""
+    loss, aux = out if has_aux else (out, None)
+    if not _is_float_array(loss) or jnp.ndim(loss) != 0:
+        raise TypeError(
+            "loss_fn must return a floating scalar"
+            + (" as the first element of (loss, aux)" if has_aux else "")
+            + f", got {getattr(loss, 'dtype', type(loss).__name__)} with shape "
+            f"{jnp.shape(loss)}; reduce the loss (e.g. jnp.mean) and return it."
+        )
+    wide = _wide(loss.dtype)
+    scale = lax.stop_gradient(jnp.asarray(loss_scale, jnp.float32)).astype(wide)
+    return loss.astype(wide) * scale, (loss, aux)
 
 
 def scaled_value_and_grad(
@@ -76,17 +92,7 @@ def scaled_value_and_grad(
         it = iter(float_leaves)
         merged = [next(it) if _is_differentiable(x) else x for x in leaves]
         out = loss_fn(jax.tree.unflatten(treedef, merged), *args)
-        loss, aux = out if has_aux else (out, None)
-        if not _is_float_array(loss) or jnp.ndim(loss) != 0:
-            raise TypeError(
-                "loss_fn must return a floating scalar"
-                + (" as the first element of (loss, aux)" if has_aux else "")
-                + f", got {getattr(loss, 'dtype', type(loss).__name__)} with shape "
-                f"{jnp.shape(loss)}; reduce the loss (e.g. jnp.mean) and return it."
-            )
-        wide = _wide(loss.dtype)
-        scale = lax.stop_gradient(jnp.asarray(loss_scale, jnp.float32)).astype(wide)
-        return loss.astype(wide) * scale, (loss, aux)
+        return _scale(out, loss_scale, has_aux)
 
     grad_fn = jax.grad(scaled_loss, has_aux=True)
 
@@ -101,5 +107,71 @@ def scaled_value_and_grad(
         it = iter(float_grads)
         grads = [next(it) if _is_differentiable(x) else _zero_grad(x) for x in leaves]
         return ((loss, aux) if has_aux else loss), jax.tree.unflatten(treedef, grads)
+
+    return value_and_scaled_grad
+
+
+def nnx_value_and_grad(
+    loss_fn: Callable[..., Any],
+    optimizer: Any,
+    *,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+) -> Callable[..., tuple[Any, Any]]:
+    """``nnx.value_and_grad`` whose gradients carry the optimizer's loss scale.
+
+    The Flax NNX twin of :func:`scaled_value_and_grad`: it reads the current loss
+    scale from ``optimizer`` (an ``nnx.Optimizer`` built around a loss-scaling
+    transform, e.g. ``mpjax.dynamic_loss_scaling(optax.adam(1e-3))``), multiplies
+    the loss by it in float32 before differentiating, and returns the unscaled
+    loss with the scaled gradients, which ``optimizer.update(model, grads)``
+    unscales (skipping the step if they overflowed). Without a loss-scaling
+    transform the scale is 1 and this is ``nnx.value_and_grad``. Call it inside
+    the jitted train step, so the scale is read at every step.
+
+    Args:
+      loss_fn: ``loss_fn(model, *args)`` returning a floating scalar (or
+        ``(scalar, aux)`` with ``has_aux``).
+      optimizer: the ``nnx.Optimizer`` whose state holds the loss scale.
+      argnums: which arguments to differentiate, as for ``nnx.value_and_grad``.
+      has_aux: whether ``loss_fn`` returns auxiliary data.
+
+    Returns:
+      ``f(*args) -> (loss, grads)`` (``((loss, aux), grads)`` with ``has_aux``).
+
+    >>> import optax
+    >>> from flax import nnx
+    >>> import mpjax
+    >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+    >>> tx = mpjax.dynamic_loss_scaling(optax.sgd(0.1), init_scale=8.0)
+    >>> opt = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    >>> loss_fn = lambda m: jnp.mean(m(jnp.ones((1, 2))) ** 2)
+    >>> loss, grads = nnx_value_and_grad(loss_fn, opt)(model)
+    >>> plain = nnx.grad(loss_fn)(model)
+    >>> bool(jnp.allclose(grads["kernel"][...], 8.0 * plain["kernel"][...]))
+    True
+    """
+    from flax import nnx
+
+    if not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn must be callable, got {type(loss_fn).__name__}; pass a "
+            "function loss_fn(model, *args) -> scalar."
+        )
+    if not isinstance(optimizer, nnx.Optimizer):
+        raise TypeError(
+            f"optimizer must be an nnx.Optimizer, got {type(optimizer).__name__}; "
+            "for functional (optax) training use mpjax.scaled_value_and_grad."
+        )
+
+    def value_and_scaled_grad(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        scale = get_loss_scale(optimizer)
+
+        def scaled(*a: Any, **kw: Any) -> tuple[Any, Any]:
+            return _scale(loss_fn(*a, **kw), scale, has_aux)
+
+        grad_fn = nnx.value_and_grad(scaled, argnums=argnums, has_aux=True)
+        (_, (loss, aux)), grads = grad_fn(*args, **kwargs)
+        return ((loss, aux) if has_aux else loss), grads
 
     return value_and_scaled_grad
