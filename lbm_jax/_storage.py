@@ -108,13 +108,8 @@ class StoragePolicy:
 
     def check_enabled(self) -> None:
         """Raise ``ValueError`` if the compute dtype is unavailable (x64 off)."""
-        if self.needs_x64 and not jax.config.read("jax_enable_x64"):
-            raise ValueError(
-                f"Storage policy {self.name} computes in float64, but 64-bit types "
-                "are disabled in JAX. Enable them before building the simulation, "
-                "e.g. `with jax.enable_x64(True): ...` or "
-                "`jax.config.update('jax_enable_x64', True)` at program start."
-            )
+        if self.needs_x64:
+            _formats.require_x64(f"Storage policy {self.name}")
 
     def __str__(self) -> str:
         return self.name if self.shift else f"{self.name} (unshifted)"

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mpjax.formats._base import require_x64
+from mpjax.formats import require_x64
 
 __all__ = ["Policy", "get_policy", "parse_dtype"]
 

@@ -52,7 +52,7 @@ unchanged (quantisation-aware training); otherwise its gradient is zero.
 (30720, 1.99951171875)
 """
 
-from mpjax.formats._base import NumberFormat
+from mpjax.formats._base import NumberFormat, require_x64
 from mpjax.formats._minifloat import MinifloatFormat, minifloat
 from mpjax.formats._posit import PositFormat, posit
 from mpjax.formats._registry import facts_table, get_format, list_formats, round
@@ -68,6 +68,7 @@ __all__ = [
     "list_formats",
     "minifloat",
     "posit",
+    "require_x64",
     "round",
     "scaled",
 ]
