@@ -99,15 +99,10 @@ def bench_ibm(
     is the coupled step's time less the fluid step's (with the same force field,
     held fixed); the fluid step without a force is timed for reference.
     """
-    setup = lbm_jax.cases.prepare_case("capsule", radius=radius, n=height)
-    from lbm_jax.cases.capsule import shear_cell
+    from lbm_jax.cases.capsule import build
 
-    sim, u0 = shear_cell(setup)
-    centre = tuple((s - 1) / 2.0 for s in sim.shape)
-    mesh = lbm_jax.ibm.icosphere(radius, nodes=setup.options["nodes"], center=centre)
-    membrane = lbm_jax.ibm.Membrane(mesh, shear_modulus=1e-3)
-    ib = lbm_jax.ibm.ImmersedBoundary(sim, membrane, kernel=setup.options["kernel"])
-    state = ib.init(sim.init(1.0, u0))
+    ib, state = build(lbm_jax.cases.prepare_case("capsule", radius=radius, n=height))
+    sim = ib.sim
     force = ib.force_field(state.nodes)
 
     @jax.jit
@@ -138,8 +133,8 @@ def bench_ibm(
     ratios = [c / f - 1.0 for c, f in zip(coupled_s, fluid_s, strict=True)]
     return {
         "shape": list(sim.shape),
-        "nodes": mesh.num_nodes,
-        "kernel": setup.options["kernel"],
+        "nodes": ib.membrane.num_nodes,
+        "kernel": lbm_jax.ibm.kernel_support(ib.kernel),
         "fluid_step_ms": 1e3 * float(np.median(fluid_s)),
         "coupled_step_ms": 1e3 * float(np.median(coupled_s)),
         "fluid_step_no_force_ms": 1e3 * float(np.median(plain_s)),

@@ -51,8 +51,8 @@ __all__ = [
     "deformation_theory",
     "fit_relaxation",
     "prepare",
+    "build",
     "relaxation_rate",
-    "shear_cell",
 ]
 
 #: Relaxation rate of the linear theory, in units of ``G_s / (mu r)``, for C = 1.
@@ -223,7 +223,7 @@ def prepare(
     )
 
 
-def shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
+def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
     """The sheared channel of a prepared capsule case and its initial velocity.
 
     Returns:
@@ -255,30 +255,43 @@ def shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
     return sim, u
 
 
+def build(setup: CaseSetup) -> tuple[Any, Any]:
+    """The coupled capsule of a prepared case and its initial state.
+
+    Returns:
+        ``(ib, state)``: the :class:`lbm_jax.ibm.ImmersedBoundary` (the sheared
+        D3Q19 channel, wall layers at z index 0 and ``H + 1`` moving at
+        ``-/+ gamma_dot H / 2``, and a spherical membrane at the box centre with
+        ``G_s = mu gamma_dot r / Ca``) and its state: the linear shear profile
+        and the sphere at rest.
+    """
+    from lbm_jax.ibm import ImmersedBoundary, Membrane, icosphere
+
+    opts = setup.options
+    radius = opts["radius"]
+    sim, u0 = _shear_cell(setup)
+    centre = tuple((s - 1) / 2.0 for s in sim.shape)
+    mesh = icosphere(radius, nodes=opts["nodes"], center=centre)
+    shear_modulus = setup.nu * opts["shear_rate"] * radius / opts["ca"]  # rho = 1
+    membrane = Membrane(
+        mesh, law=opts["law"], shear_modulus=shear_modulus, skalak_c=opts["skalak_c"]
+    )
+    ib = ImmersedBoundary(sim, membrane, kernel=opts["kernel"])
+    return ib, ib.init(sim.init(1.0, u0))
+
+
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     import jax.numpy as jnp
 
     from lbm_jax._run import run, steady
-    from lbm_jax.ibm import (
-        ImmersedBoundary,
-        Membrane,
-        area,
-        icosphere,
-        shear_plane_deformation,
-        volume,
-    )
+    from lbm_jax.ibm import area, shear_plane_deformation, volume
 
     opts = setup.options
-    radius, ca, law, c = opts["radius"], opts["ca"], opts["law"], opts["skalak_c"]
+    ca, law, c = opts["ca"], opts["law"], opts["skalak_c"]
     gamma = opts["shear_rate"]
-    sim, u0 = shear_cell(setup)
-    shape = sim.shape
-    centre = ((shape[0] - 1) / 2.0, (shape[1] - 1) / 2.0, (shape[2] - 1) / 2.0)
-    mesh = icosphere(radius, nodes=opts["nodes"], center=centre)
-    shear_modulus = setup.nu * gamma * radius / ca  # mu gamma_dot r / Ca, rho = 1
-    membrane = Membrane(mesh, law=law, shear_modulus=shear_modulus, skalak_c=c)
-    ib = ImmersedBoundary(sim, membrane, kernel=opts["kernel"])
-    faces = jnp.asarray(mesh.faces)
+    ib, state = build(setup)
+    membrane, sim = ib.membrane, ib.sim
+    faces = jnp.asarray(membrane.faces)
 
     def observe(state: Any) -> dict[str, Any]:
         d, theta = shear_plane_deformation(state.nodes, faces)
@@ -300,7 +313,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
 
     result = run(
         ib.step,
-        ib.init(sim.init(1.0, u0)),
+        state,
         setup.steps,
         healthy=ib.healthy,
         observe=observe,
@@ -310,10 +323,8 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     )
     samples = {k: np.asarray(v, np.float64) for k, v in result.samples.values.items()}
     t = np.asarray(result.samples.steps, np.float64)
-    x0 = np.asarray(mesh.nodes, np.float64)
-    v0, a0 = (
-        float(f(jnp.asarray(x0), jnp.asarray(mesh.faces))) for f in (volume, area)
-    )
+    x0 = membrane.reference_nodes
+    v0, a0 = membrane.reference_volume, membrane.reference_area
     d_theory = deformation_theory(ca, law, c)
     d_last = float(samples["D"][-1])
     d_fit, k_fit = fit_relaxation(t, samples["D"])
@@ -337,7 +348,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "volume_drift": float(np.max(np.abs(samples["volume"] / v0 - 1.0))),
         "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0))),
         "shear_rate": gamma,
-        "shear_modulus": shear_modulus,
+        "shear_modulus": membrane.shear_modulus,
         "stopped_early": result.stats.stopped,
     }
     nodes = np.asarray(result.state.nodes, np.float64)
@@ -345,7 +356,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "t": t,
         **samples,
         "nodes": nodes,
-        "faces": np.asarray(mesh.faces),
+        "faces": np.asarray(membrane.faces),
         "reference_nodes": x0,
         "node_forces": np.asarray(membrane.forces(result.state.nodes), np.float64),
     }
