@@ -462,6 +462,12 @@ class Simulation:
 
     _advance_jit = staticmethod(jax.jit(_advance_impl, donate_argnames=("state",)))
 
+    def check_state(self, state: LBMState) -> None:
+        """Raise ``TypeError``/``ValueError`` unless ``state`` holds populations of
+        this simulation's shape, lattice and storage (host-side, also on traced
+        states: a coupled step can check its fluid before tracing further)."""
+        self._check_state(state)
+
     # -- internals -----------------------------------------------------------------
     def _check_state(self, state: LBMState) -> None:
         """Raise unless ``state`` holds populations of this simulation's layout.
