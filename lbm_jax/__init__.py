@@ -11,7 +11,7 @@ float64 for the arithmetic, once per fused streaming + collision step.
 (32, 16)
 """
 
-from lbm_jax import bench, cases, ibm
+from lbm_jax import bench, cases, free_surface, ibm
 from lbm_jax._boundaries import CellType
 from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
 from lbm_jax._collision import Collision, CollisionModel
@@ -57,6 +57,7 @@ __all__ = [
     "StoragePolicy",
     "bench",
     "cases",
+    "free_surface",
     "ibm",
     "code_version",
     "density",

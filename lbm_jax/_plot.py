@@ -23,6 +23,11 @@ from matplotlib.figure import Figure
 
 __all__ = [
     "capsule_snapshot_figure",
+    "crown_figure",
+    "fill_figure",
+    "fill_slices_figure",
+    "oscillation_figure",
+    "surface_figure",
     "deformation_figure",
     "plane",
     "save_figure",
@@ -189,6 +194,163 @@ def capsule_snapshot_figure(
         ax.plot(p[:, 0], p[:, 2], ".", color="black", markersize=2)
     ax.plot([], [], ".", color="black", label="membrane (section)")
     ax.legend(loc="upper right")
+    return fig
+
+
+def fill_figure(phi: Any, *, title: str = "fill level") -> Figure:
+    """The fill level of a free-surface flow in a plane (0 gas, 1 liquid)."""
+    phi = np.asarray(phi, np.float64)
+    fig = _figure(phi.shape)
+    _image(fig, phi, title=title, label="fill level phi", cmap="Blues", vmin=0, vmax=1)
+    return fig
+
+
+def oscillation_figure(
+    t: Any,
+    a: Any,
+    a0: float,
+    frequency: float,
+    damping: float,
+    *,
+    title: str = "capillary wave",
+) -> Figure:
+    """A wave's amplitude over time against the normal mode of linear theory."""
+    t = np.asarray(t, np.float64)
+    fig = Figure(figsize=(6.5, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(t, np.asarray(a, np.float64), color="tab:blue", label="simulation")
+    tt = np.linspace(0.0, float(t.max(initial=1.0)), 400)
+    ax.plot(
+        tt,
+        a0 * np.exp(-damping * tt) * np.cos(frequency * tt),
+        color="black",
+        linestyle="--",
+        label="linear theory (Lamb's normal mode)",
+    )
+    ax.set_xlabel("time step")
+    ax.set_ylabel("amplitude of the surface mode (cells)")
+    ax.set_title(title)
+    ax.legend(loc="upper right")
+    return fig
+
+
+def fill_slices_figure(
+    slices: Any, times: Any, *, panels: int = 6, title: str = "fill level"
+) -> Figure:
+    """Snapshots of a vertical fill-level slice at evenly spaced sample times.
+
+    Args:
+        slices: ``(samples, X, Z)`` fill levels, vertical axis last.
+        times: Time of every sample (drawn in the panel titles, in ``t U / D``).
+        panels: Number of snapshots.
+        title: Figure title.
+    """
+    slices = np.asarray(slices, np.float64)
+    times = np.asarray(times, np.float64)
+    pick = np.unique(np.linspace(0, len(slices) - 1, panels).round().astype(int))
+    cols = min(3, len(pick))
+    rows = -(-len(pick) // cols)
+    nx, nz = slices.shape[1:]
+    fig = Figure(figsize=(3.6 * cols, 3.6 * rows * nz / nx + 0.8), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(pick) :]:
+        ax.set_visible(False)
+    im = None
+    for ax, k in zip(axes.flat, pick, strict=False):
+        im = ax.imshow(
+            slices[k].T,
+            origin="lower",
+            cmap="Blues",
+            vmin=0,
+            vmax=1,
+            interpolation="nearest",
+        )
+        ax.set_title(f"t U / D = {times[k]:.2f}")
+        ax.set_xlabel("x (cells)")
+        ax.set_ylabel("z (cells)")
+    fig.colorbar(im, ax=axes, label="fill level phi", shrink=0.8)
+    fig.suptitle(title)
+    return fig
+
+
+def crown_figure(
+    t: Any,
+    radius: Any,
+    height: Any,
+    cavity: Any,
+    exponent: float,
+    prefactor: float,
+    *,
+    title: str = "crown",
+) -> Figure:
+    """Crown radius and height and cavity depth over time, with the power-law fit.
+
+    All lengths in drop diameters, time in ``t U / D`` after contact.
+    """
+    t = np.asarray(t, np.float64)
+    after = t >= 0
+    t, radius, height, cavity = (
+        np.asarray(a, np.float64)[after] for a in (t, radius, height, cavity)
+    )
+    fig = Figure(figsize=(6.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(t, np.asarray(radius, np.float64), color="tab:blue", label="crown radius")
+    ax.plot(t, np.asarray(height, np.float64), color="tab:orange", label="crown height")
+    ax.plot(t, np.asarray(cavity, np.float64), color="tab:green", label="cavity depth")
+    if np.isfinite(exponent):
+        tt = np.linspace(max(t.min(), 1e-3), t.max(), 200)
+        tt = tt[tt > 0]
+        ax.plot(
+            tt,
+            prefactor * tt**exponent,
+            color="black",
+            linestyle="--",
+            label=f"fit r = {prefactor:.2f} (t U / D)^{exponent:.2f}",
+        )
+    ax.set_xlabel("time after contact, t U / D")
+    ax.set_ylabel("length / drop diameter D")
+    ax.set_title(title)
+    ax.legend(loc="best")
+    return fig
+
+
+def surface_figure(top: Any, *, title: str = "liquid surface") -> Figure:
+    """The liquid surface height: a rendered surface in 3-D, a profile in 2-D.
+
+    Args:
+        top: Surface height per column, ``(X,)`` or ``(X, Y)``, in the unit
+            given by the caller (drop diameters).
+        title: Figure title.
+    """
+    top = np.asarray(top, np.float64)
+    if top.ndim == 1:
+        fig = Figure(figsize=(6.5, 3.5), layout="constrained")
+        ax = fig.add_subplot()
+        ax.plot(np.arange(top.size), top, color="tab:blue", label="surface height")
+        ax.set_xlabel("x (cells)")
+        ax.set_ylabel("height / D")
+        ax.legend(loc="upper right")
+    else:
+        fig = Figure(figsize=(6.5, 5.0), layout="constrained")
+        ax = fig.add_subplot(projection="3d")
+        x, y = np.meshgrid(
+            np.arange(top.shape[0]), np.arange(top.shape[1]), indexing="ij"
+        )
+        surf = ax.plot_surface(
+            x,
+            y,
+            top,
+            cmap="viridis",
+            linewidth=0,
+            antialiased=True,
+            rstride=1,
+            cstride=1,
+        )
+        ax.set_xlabel("x (cells)")
+        ax.set_ylabel("y (cells)")
+        ax.set_zlabel("height / D")
+        fig.colorbar(surf, ax=ax, label="surface height / D", shrink=0.6)
+    ax.set_title(title)
     return fig
 
 

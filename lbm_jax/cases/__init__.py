@@ -6,7 +6,8 @@ solution or published reference data, and returns a :class:`CaseResult`. With
 ``out_dir`` it also writes ``fields.npz``, ``summary.json``, ``fields.vti`` (VTK
 image data for ParaView) and PNG figures.
 
-Fields are in lattice units: ``rho`` has shape ``(X, Y[, Z])`` and ``u`` shape
+Fields are in lattice units (the free-surface cases add the fill level ``phi``
+and the cell ``flags``): ``rho`` has shape ``(X, Y[, Z])`` and ``u`` shape
 ``(D, X, Y[, Z])``, x the first spatial axis, over the fluid nodes of the case
 (wall layers are not included; in the cylinder cases the obstacle's cells are part
 of the grid with ``u = 0``). In the cavity the lid is the top y boundary and moves
@@ -22,6 +23,10 @@ cavity3d            D3Q19 lid-driven cube
 cylinder            Schaefer-Turek 2D-2 (confined, Re = 100): St, cd, cl
 cylinder_unconfined Karman vortex street in a wide domain: St, mean drag
 capsule             D3Q19 immersed-boundary capsule in shear flow: deformation
+static_drop         free-surface drop at rest (2-D or 3-D): Laplace law
+capillary_wave      2-D free-surface capillary wave: frequency and damping
+drop_impact         drop falling into a pool (We, Oh, Bo): crown and cavity
+raindrop            the paper's raindrop in physical units (sea water)
 =================== ========================================================
 
 >>> "cavity" in CASES
@@ -251,7 +256,7 @@ def _write(
     out.mkdir(parents=True, exist_ok=True)
     files = []
     npz = out / "fields.npz"
-    np.savez_compressed(npz, rho=fields["rho"], u=fields["u"], **extras)
+    np.savez_compressed(npz, **fields, **extras)
     files.append(npz)
     files.append(_io.write_vti(out / "fields.vti", fields))
     js = out / "summary.json"

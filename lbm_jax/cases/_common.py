@@ -38,6 +38,10 @@ _MODULES: dict[str, str] = {
     "cylinder": "lbm_jax.cases.cylinder",
     "cylinder_unconfined": "lbm_jax.cases.cylinder",
     "capsule": "lbm_jax.cases.capsule",
+    "static_drop": "lbm_jax.cases.free_surface",
+    "capillary_wave": "lbm_jax.cases.free_surface",
+    "drop_impact": "lbm_jax.cases.free_surface",
+    "raindrop": "lbm_jax.cases.free_surface",
 }
 
 
@@ -58,6 +62,8 @@ class CliOption:
     cases: tuple[str, ...] = ()
 
 
+_IMPACTS = ("drop_impact", "raindrop")
+
 #: Case options offered on the command line; each case validates its own (an
 #: option a case does not take is refused by :func:`merge_options`).
 CLI_OPTIONS: Mapping[str, CliOption] = {
@@ -68,7 +74,9 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
         str, "collision operator", choices=tuple(c.value for c in Collision)
     ),
     "u_ref": CliOption(float, "characteristic velocity (lattice units)"),
-    "radius": CliOption(float, "capsule radius (cells)", cases=("capsule",)),
+    "radius": CliOption(
+        float, "capsule or drop radius (cells)", cases=("capsule", "static_drop")
+    ),
     "ca": CliOption(float, "capillary number mu gamma_dot r / G_s", cases=("capsule",)),
     "law": CliOption(str, "membrane law", choices=LAWS, cases=("capsule",)),
     "skalak_c": CliOption(
@@ -81,6 +89,36 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
         cases=("capsule",),
     ),
     "nodes": CliOption(int, "membrane mesh nodes (icosphere)", cases=("capsule",)),
+    "dims": CliOption(
+        int, "spatial dimensions", choices=(2, 3), cases=("static_drop", *_IMPACTS)
+    ),
+    "sigma": CliOption(
+        float,
+        "surface tension (lattice units)",
+        cases=("static_drop", "capillary_wave"),
+    ),
+    "depth": CliOption(
+        float,
+        "liquid depth (cells for the wave, drop diameters for impacts)",
+        cases=("capillary_wave", *_IMPACTS),
+    ),
+    "amplitude": CliOption(float, "wave amplitude (cells)", cases=("capillary_wave",)),
+    "we": CliOption(float, "Weber number rho U^2 D / sigma", cases=("drop_impact",)),
+    "oh": CliOption(
+        float, "Ohnesorge number mu / sqrt(rho sigma D)", cases=("drop_impact",)
+    ),
+    "bo": CliOption(float, "Bond number rho g D^2 / sigma", cases=("drop_impact",)),
+    "width": CliOption(
+        float, "box width (drop diameters)", cases=("drop_impact", "raindrop")
+    ),
+    "smagorinsky": CliOption(
+        float, "Smagorinsky constant (0: no subgrid model)", cases=_IMPACTS
+    ),
+    "duration": CliOption(
+        float,
+        "run length (t U / D for drop_impact, milliseconds for raindrop)",
+        cases=_IMPACTS,
+    ),
 }
 
 
