@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -286,20 +287,29 @@ class FreeSurface:
             model = dataclasses.replace(model, smagorinsky=self.smagorinsky)
         shift = pol.shift
         d = lat.d
-        axes = tuple(range(d))
         dirs = [tuple(int(v) for v in c) for c in lat.c]
         moving = [i for i, c in enumerate(dirs) if any(c)]
         opp = [int(o) for o in lat.opposite]
 
-        def up(a: jax.Array, i: int) -> jax.Array:
-            """``a(x - c_i)``: the value at the upstream neighbour along ``i``."""
-            return jnp.roll(a, dirs[i], axis=axes)
+        def wrap(a: jax.Array) -> jax.Array:
+            """``a`` with one periodic halo layer on each side of its last D axes."""
+            lead = a.ndim - d
+            return jnp.pad(a, [(0, 0)] * lead + [(1, 1)] * d, mode="wrap")
+
+        def up(padded: jax.Array, i: int) -> jax.Array:
+            """``a(x - c_i)`` from ``wrap(a)``: the upstream neighbour along ``i``."""
+            lead = padded.ndim - d
+            index = [slice(None)] * lead + [
+                slice(1 - c, 1 - c + n) for c, n in zip(dirs[i], sim.shape, strict=True)
+            ]
+            return padded[tuple(index)]
+
+        def around(a: jax.Array) -> jax.Array:
+            """``sum_i a(x - c_i)`` over the moving directions (separable)."""
+            return _neighbour_sum(lat, a)
 
         def near(mask: jax.Array) -> jax.Array:
-            out = jnp.zeros_like(mask)
-            for i in moving:
-                out = out | up(mask, i)
-            return out
+            return around(mask.astype(jnp.float32)) > 0
 
         live = state.fluid.t >= 0  # a traced "true" for the phase boundaries
 
@@ -322,6 +332,7 @@ class FreeSurface:
         rho_gas = 1 - (3 * (d - 1) * self.sigma) * kappa
         feq_gas = equilibrium(lat, rho_gas, u0, shift=shift)
         f_rev = reverse(lat, f)
+        f_wrap, flags_wrap, phi_wrap = wrap(f), wrap(flags), wrap(phi)
         streamed = []
         dm = jnp.zeros_like(mass)
         has_gas = jnp.zeros_like(liquid)
@@ -331,7 +342,7 @@ class FreeSurface:
                 streamed.append(f[i])
                 continue
             o = opp[i]
-            f_up, flag_up = up(f[i], i), up(flags, i)
+            f_up, flag_up = up(f_wrap[i], i), up(flags_wrap, i)
             gas_up = flag_up == Flag.GAS
             fi = jnp.where(flag_up == Flag.SOLID, f_rev[i], f_up)
             fi = jnp.where(gas_up, feq_gas[i] + feq_gas[o] - f_rev[i], fi)
@@ -342,7 +353,7 @@ class FreeSurface:
                 one,
                 jnp.where(
                     flag_up == Flag.INTERFACE,
-                    jnp.where(is_f, one, 0.5 * (phi + up(phi, i))),
+                    jnp.where(is_f, one, 0.5 * (phi + up(phi_wrap, i))),
                     0,
                 ),
             )
@@ -383,11 +394,12 @@ class FreeSurface:
         # new interface cells: equilibrium of the mean of their liquid neighbours
         src = liquid & ~to_gas
         srcf = src.astype(f.dtype)
-        count = sum(up(srcf, i) for i in moving)
+        count = around(srcf)
         inv = 1 / jnp.maximum(count, 1)
-        rho_new = sum(up(jnp.where(src, rho, 0), i) for i in moving) * inv
-        u_new = [sum(up(jnp.where(src, ua, 0), i) for i in moving) * inv for ua in u]
+        rho_new = around(jnp.where(src, rho, 0)) * inv
+        u_new = [around(jnp.where(src, ua, 0)) * inv for ua in u]
         rho_new = jnp.where(count > 0, rho_new, one)
+        rho_new, u_new = keep(rho_new, u_new)
         feq_new = equilibrium(lat, rho_new, u_new, shift=shift)
 
         # 5. excess mass: filled, emptied and clamped interface cells
@@ -401,10 +413,10 @@ class FreeSurface:
         excess = excess + clamp
         mass = mass - clamp
         target = new_flags == Flag.INTERFACE
-        targets = sum(up(target.astype(f.dtype), i) for i in moving)
+        targets = around(target.astype(f.dtype))
         share = jnp.where(targets > 0, excess / jnp.maximum(targets, 1), 0)
         (share,) = keep(share)
-        received = sum(up(share, i) for i in moving)
+        received = around(share)
         gained = jnp.where(targets > 0, 0, excess) + jnp.where(target, received, 0)
         mass, carry = _two_sum(mass, carry, gained)
 
@@ -413,11 +425,43 @@ class FreeSurface:
         rest = jnp.broadcast_to(rest.reshape((lat.q,) + (1,) * d), f.shape)
         f_new = jnp.where(gas_to_i[None], feq_new, out)
         f_new = jnp.where(liquid_new[None], f_new, rest)
-        fluid = LBMState(f=to_layout(pol.encode(f_new)), t=state.fluid.t + 1)
+        # encoded in the step's layout first: fused into the transpose to the
+        # state's layout, the selections ran 10x slower
+        (stored,) = keep(pol.encode(f_new))
+        fluid = LBMState(f=to_layout(stored), t=state.fluid.t + 1)
         return FreeSurfaceState(fluid=fluid, mass=mass, flags=new_flags, carry=carry)
 
     # compiled once per free-surface configuration (static part of the pytree)
     _step_jit = staticmethod(jax.jit(_step_impl))
+
+
+def _neighbour_sum(lattice: Any, a: jax.Array) -> jax.Array:
+    """``sum_i a(x - c_i)`` over a lattice's moving directions, periodic.
+
+    Lattices here hold every neighbour with a given number of non-zero velocity
+    components or none of them, so the sum is the separable 3^D box sum less the
+    cell itself and the neighbour classes the lattice lacks (the 8 corners of
+    D3Q19): 4 rolls per axis instead of one per direction.
+    """
+    d = a.ndim
+
+    def pair(x: jax.Array, ax: int) -> jax.Array:
+        return jnp.roll(x, 1, ax) + jnp.roll(x, -1, ax)
+
+    box = a
+    for ax in range(d):
+        box = box + pair(box, ax)
+    total = box - a
+    present = {int(np.count_nonzero(c)) for c in lattice.c}
+    for k in range(2, d + 1):
+        if k in present:
+            continue
+        for axes in itertools.combinations(range(d), k):
+            part = a
+            for ax in axes:
+                part = pair(part, ax)
+            total = total - part
+    return total
 
 
 def _materialise(pred: jax.Array, *arrays: Any) -> Any:
