@@ -3,11 +3,14 @@
 Usage::
 
     python -m lbm_jax run {poiseuille,taylor_green,cavity,cavity3d,cylinder,
-                           cylinder_unconfined,capsule} [--n N] [--re RE]
+                           cylinder_unconfined,capsule,static_drop,
+                           capillary_wave,drop_impact,raindrop} [--n N] [--re RE]
                           [--storage NAME] [--steps S] [--shift/--no-shift]
                           [case options: --lattice L --collision {bgk,trt} --u-ref U
                            --radius R --ca CA --law L --skalak-c C --kernel K
-                           --nodes N] --out DIR
+                           --nodes N --dims D --sigma S --depth H --amplitude A
+                           --we WE --oh OH --bo BO --width W --smagorinsky C
+                           --duration T] --out DIR
                           [--checkpoint-every N] [--overwrite] [--progress]
     python -m lbm_jax run --resume DIR [--progress]
     python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32[,fp16s,...]]
@@ -16,7 +19,8 @@ Usage::
 
 The case options come from one list (:data:`lbm_jax.cases.CLI_OPTIONS`); a case
 refuses an option it does not take. ``run`` writes ``DIR/fields.npz`` (``rho``
-``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])`` in lattice units), ``DIR/summary.json``
+``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])`` in lattice units; the free-surface cases
+add ``phi`` and ``flags``), ``DIR/summary.json``
 and PNG figures. With
 ``--checkpoint-every N`` it saves the whole run to ``DIR/checkpoints`` every ``N``
 steps (the arguments go to ``DIR/run.json``); ``--resume DIR`` continues a killed

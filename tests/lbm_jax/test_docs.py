@@ -50,3 +50,13 @@ def test_readme_immersed_boundary_example_runs(capsys):
     nodes = np.asarray(namespace["result"].state.nodes)
     assert nodes.shape == (642, 3) and np.all(np.isfinite(nodes))
     assert "(642, 3)" in capsys.readouterr().out
+
+
+def test_readme_free_surface_example_runs(capsys):
+    namespace: dict = {}
+    exec(_readme_block("### Free surface"), namespace)
+    mass = np.asarray(namespace["result"].samples.values, np.float64)
+    assert mass.shape == (4,)
+    np.testing.assert_allclose(mass, mass[0], rtol=1e-6)
+    assert abs(mass[0] / (np.pi * 12.0**2) - 1.0) < 0.01
+    assert capsys.readouterr().out.strip()
