@@ -250,7 +250,13 @@ def _capillary_wave(
         if not opts["periods"] > 0:
             raise ValueError(f"periods must be positive, got {opts['periods']}.")
         steps = math.ceil(opts["periods"] * period)
-    opts["sample_every"] = max(1, round(period / opts["samples"]))
+    opts["sample_every"] = every = max(1, round(period / opts["samples"]))
+    if steps // every + 1 < 8:
+        raise ValueError(
+            f"steps={steps} gives {steps // every + 1} samples of the wave (one every "
+            f"{every} steps); the frequency fit needs at least 8: give steps >= "
+            f"{7 * every} or raise samples (per period)."
+        )
     return _setup(
         case,
         opts,

@@ -32,27 +32,32 @@ __all__ = [
 
 
 def surface_maps(phi: Any, floor: int = 1) -> tuple[Any, Any]:
-    """Top height and floor layer depth per vertical column (jit-able).
+    """Surface height and floor-layer height per vertical column (jit-able).
+
+    Heights are positions on the vertical axis, cell ``z`` spanning
+    ``[z - 1/2, z + 1/2]``.
 
     Args:
         phi: Fill level ``(X, Z)`` or ``(X, Y, Z)``, vertical axis last.
         floor: Index of the first cell above the floor (1 above a wall layer).
 
     Returns:
-        ``(top, layer)``: ``top`` is ``z + phi`` of the highest cell with
-        ``phi >= 1/2`` (the free surface at cell resolution; ``floor`` where the
-        column is empty), ``layer`` the number of consecutive cells with
-        ``phi >= 1/2`` from ``floor`` upwards (the liquid resting on the floor, so
-        a cavity shows as a dip). Both have the grid's shape without its last
-        axis, in the dtype of ``phi``.
+        ``(top, layer)``: ``top`` is ``z - 1/2 + phi`` of the highest cell with
+        ``phi >= 1/2`` (the free surface at cell resolution; the floor,
+        ``floor - 1/2``, where the column is empty); ``layer`` is the top of the
+        run of consecutive cells with ``phi >= 1/2`` from ``floor`` upwards (the
+        liquid resting on the floor, so a cavity shows as a dip). Both have the
+        grid's shape without its last axis, in the dtype of ``phi``.
     """
     phi = jnp.asarray(phi)
-    z = jnp.arange(phi.shape[-1], dtype=phi.dtype)
+    z = jnp.arange(phi.shape[-1], dtype=phi.dtype).reshape(
+        (1,) * (phi.ndim - 1) + (-1,)
+    )
     wet = phi >= 0.5
-    top = jnp.max(jnp.where(wet, z + phi, 0), axis=-1)
-    top = jnp.maximum(top, floor)
-    layer = jnp.sum(jnp.cumprod(wet[..., floor:].astype(phi.dtype), axis=-1), axis=-1)
-    return top, layer
+    base = floor - 0.5
+    top = jnp.max(jnp.where(wet, z - 0.5 + phi, base), axis=-1)
+    run = jnp.cumprod(wet[..., floor:].astype(phi.dtype), axis=-1)
+    return top, base + jnp.sum(run, axis=-1)
 
 
 def crown(
@@ -75,8 +80,8 @@ def crown(
         ``crown_height`` (highest liquid outside the drop's radius above the
         pool level), ``crown_radius`` (horizontal distance from the axis of that
         highest point: the rim; NaN while no crown stands one cell high),
-        ``cavity_depth`` (pool level minus the shallowest floor layer within a
-        quarter diameter of the axis).
+        ``cavity_depth`` (pool level minus the lowest floor-layer height within
+        a quarter diameter of the axis).
     """
     top = np.asarray(top, np.float64)
     layer = np.asarray(layer, np.float64)
@@ -93,7 +98,7 @@ def crown(
     else:
         crown_height, crown_radius = 0.0, 0.0
     near = r <= max(0.25 * diameter, 1.0)
-    cavity = float(level - (layer[near].min() + 1.0)) if np.any(near) else 0.0
+    cavity = float(level - layer[near].min()) if np.any(near) else 0.0
     rim = crown_height >= 1.0  # a crown at least one cell above the pool
     return {
         "crown_height": max(crown_height, 0.0),
@@ -146,7 +151,9 @@ def damped_oscillation(t: np.ndarray, a: np.ndarray) -> dict[str, float]:
     if not np.allclose(dt, dt[0]):
         raise ValueError("samples must be evenly spaced in time.")
     rows = np.stack([a[2:-1], a[1:-2], a[:-3]], axis=1)
-    coef, *_ = np.linalg.lstsq(rows, a[3:], rcond=None)
+    coef, _, rank, _ = np.linalg.lstsq(rows, a[3:], rcond=None)
+    if rank < 2:  # a pure decay (or constant): no conjugate pair to find
+        raise ValueError("the signal does not oscillate.")
     roots = np.roots([1.0, -coef[0], -coef[1], -coef[2]])
     z = roots[np.argmax(roots.imag)]
     if z.imag <= 0:

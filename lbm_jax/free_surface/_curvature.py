@@ -12,8 +12,8 @@ The curvature is the divergence of the interface normal of a smoothed fill field
 ``n`` points into the liquid, so ``kappa`` is negative for a drop: ``-1/R`` for a
 circle or sphere of radius ``R``, zero for a flat surface. Measured on exact fill
 fields (:func:`sphere_fill`) the mean of ``kappa R`` over the interface cells is
-within 1.5 % of ``-1`` at ``R = 4`` and within 0.5 % at ``R >= 10``, in 2-D and
-3-D, with a cell-to-cell scatter of 4-10 %. On a small-amplitude wave the
+within 4 % of ``-1`` at ``R = 4`` (2 % in 2-D) and within 1 % at ``R >= 10``, in
+2-D and 3-D, with a cell-to-cell scatter of 4-10 %. On a small-amplitude wave the
 smoothing shortens the curvature by about 5 %. All operations are whole-array and
 periodic; cells the caller marks as solid take the mean fill of their non-solid
 axis neighbours first (a zero-gradient wall).
