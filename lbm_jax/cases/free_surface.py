@@ -177,12 +177,25 @@ def _dims(opts: dict[str, Any]) -> int:
     return int(dims)
 
 
-def _setup(case: str, opts: dict[str, Any], **fields: Any) -> CaseSetup:
+def _setup(
+    case: str,
+    opts: dict[str, Any],
+    *,
+    re: float = 0.0,
+    u_ref: float = 0.0,
+    figures: tuple[str, ...] = ("velocity",),
+    **fields: Any,
+) -> CaseSetup:
+    """The case's setup; the drop at rest and the wave have no Reynolds number
+    or characteristic speed (0) and show their velocity field."""
     return CaseSetup(
         case=case,
         collision=opts.pop("collision"),
         magic=opts.pop("magic"),
         options=opts,
+        re=re,
+        u_ref=u_ref,
+        figures=figures,
         **fields,
     )
 
@@ -210,13 +223,10 @@ def _static_drop(
         lattice="D2Q9" if dims == 2 else "D3Q19",
         storage=storage,
         n=n,
-        re=0.0,
         tau=tau,
-        u_ref=0.0,
         steps=steps,
         steps_given=steps_given,
         runner=_run_static_drop,
-        figures=("velocity",),
         write_files=_write_static_drop,
     )
 
@@ -263,13 +273,10 @@ def _capillary_wave(
         lattice="D2Q9",
         storage=storage,
         n=n,
-        re=0.0,
         tau=tau,
-        u_ref=0.0,
         steps=steps,
         steps_given=steps_given,
         runner=_run_capillary_wave,
-        figures=("velocity",),
         write_files=_write_capillary_wave,
     )
 
