@@ -72,6 +72,7 @@ PIPELINES: Mapping[str, str] = {
     "lbm_accuracy": "experiments.lbm_accuracy",
     "lbm_performance": "experiments.lbm_performance",
     "lbm_capsule": "experiments.lbm_capsule",
+    "lbm_raindrop": "experiments.lbm_raindrop",
 }
 
 #: Wall-time budget (seconds) of each pipeline at the quick scale on a 2-core CPU;
@@ -83,6 +84,7 @@ QUICK_BUDGET_S: Mapping[str, float] = {
     "lbm_accuracy": 240.0,
     "lbm_performance": 60.0,
     "lbm_capsule": 180.0,
+    "lbm_raindrop": 180.0,
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "full")

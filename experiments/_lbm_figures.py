@@ -2,7 +2,9 @@
 
 Every function takes the study's run records (dicts with ``label``, ``shift``,
 ``stable``, ``summary``, ``fields`` and, for cases run with an output directory,
-``history``) and writes one PNG.
+``history``); the ``build_*`` ones return a figure, the others write one PNG.
+:func:`distinct_colours` is the colour helper of every LBM figure (the free-surface
+ones in :mod:`experiments._free_surface_figures` too).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "build_taylor_green_figure",
     "cavity_figure",
     "cylinder_figure",
+    "distinct_colours",
     "error_figure",
     "ghia",
     "metric",
@@ -203,7 +206,7 @@ def build_cylinder_figure(
     """
     fig, axes = new_figure(1, 2, size=(6.0, 4.2))
     ax_sig, ax_st = axes[0]
-    colours = _colours(len(records))
+    colours = distinct_colours(len(records))
     for r, colour in zip(records, colours, strict=True):
         history = r.get("history", {})
         if r["stable"] and "cl" in history:
@@ -251,8 +254,14 @@ def cylinder_figure(
     return save_figure(build_cylinder_figure(records, case=case), out / f"{case}.png")
 
 
-def _colours(n: int) -> list[Any]:
-    """``n`` distinct colours (tab10 up to 10, then tab20, then a colour map)."""
+def distinct_colours(n: int) -> list[Any]:
+    """``n`` distinct colours (tab10 up to 10, then tab20, then a colour map).
+
+    The one colour helper of the LBM figures; the free-surface figures use it too.
+
+    >>> distinct_colours(3)
+    ['C0', 'C1', 'C2']
+    """
     from matplotlib import colormaps
 
     if n <= 10:
@@ -271,7 +280,7 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
     fig, axes = new_figure(1, 2, size=(6.0, 4.6))
     ax_amp, ax_dev = axes[0]
     storages = list(dict.fromkeys(r["storage"] for r in records))
-    colour = dict(zip(storages, _colours(len(storages)), strict=True))
+    colour = dict(zip(storages, distinct_colours(len(storages)), strict=True))
     exact_drawn = False
     for r in records:
         history = r.get("history", {})

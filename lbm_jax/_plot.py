@@ -278,14 +278,15 @@ def crown_figure(
     radius: Any,
     height: Any,
     cavity: Any,
-    exponent: float,
-    prefactor: float,
+    exponent: float | None,
+    prefactor: float | None,
     *,
     title: str = "crown",
 ) -> Figure:
     """Crown radius and height and cavity depth over time, with the power-law fit.
 
-    All lengths in drop diameters, time in ``t U / D`` after contact.
+    All lengths in drop diameters, time in ``t U / D`` after contact. The fit is
+    drawn unless its exponent is missing (``None``/NaN: too few crown samples).
     """
     t = np.asarray(t, np.float64)
     after = t >= 0
@@ -297,7 +298,7 @@ def crown_figure(
     ax.plot(t, np.asarray(radius, np.float64), color="tab:blue", label="crown radius")
     ax.plot(t, np.asarray(height, np.float64), color="tab:orange", label="crown height")
     ax.plot(t, np.asarray(cavity, np.float64), color="tab:green", label="cavity depth")
-    if np.isfinite(exponent):
+    if exponent is not None and prefactor is not None and np.isfinite(exponent):
         tt = np.linspace(max(t.min(), 1e-3), t.max(), 200)
         tt = tt[tt > 0]
         ax.plot(

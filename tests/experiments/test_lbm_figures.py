@@ -86,3 +86,97 @@ def test_cylinder_strouhal_zoomed_to_show_a_few_percent_gap():
     unconfined = _lbm_figures.build_cylinder_figure(records, case="cylinder_unconfined")
     assert "Karman" in unconfined.axes[0].get_title()
     assert math.isfinite(low)
+
+
+def _free_surface_records(runs, **summary):
+    """Stable raindrop-like records, one per run, FP32 first, after comparison."""
+    t = np.linspace(0.0, 3.0, 12)
+    out = []
+    for i, (storage, shift) in enumerate(runs):
+        slices = np.stack([np.full((10, 6), 0.1 * i + k / 12) for k in range(len(t))])
+        out.append(
+            {
+                "label": storage_label(storage, shift),
+                "storage": get_storage(storage).name,
+                "shift": shift,
+                "stable": True,
+                "summary": {"amplitude": 1.0, "damping_theory": 1e-3, **summary},
+                "history": {
+                    "t_impact": t,
+                    "crown_radius": 8.0 * np.sqrt(1.0 + t) + i,
+                    "crown_height": 4.0 * t,
+                    "cavity_depth": 6.0 * t,
+                    "slices": slices,
+                    "t": 100.0 * t,
+                    "amplitude": np.exp(-0.3 * t) * np.cos(t + 0.01 * i),
+                },
+                "l1_slices": None if i == 0 else 1e-3 * i * (1.0 + t),
+                "l1_final": 0.0 if i == 0 else 2e-3 * i,
+            }
+        )
+    return out
+
+
+def _panels(fig):
+    """The visible data axes of ``fig`` (no colour bars, no hidden panels)."""
+    return [a for a in fig.axes if a.get_visible() and a.get_label() != "<colorbar>"]
+
+
+def _line_colours(fig):
+    return {
+        line.get_label(): to_rgba(line.get_color())
+        for ax in fig.axes
+        for line in ax.lines
+        if not line.get_label().startswith("_")
+    }
+
+
+def test_free_surface_figures_labelled_with_legends_and_one_colour_per_format():
+    from experiments import _free_surface_figures as figures
+    from experiments.lbm_raindrop import settings_for
+
+    st, reference = settings_for("quick"), get_storage("fp32").name
+    records = _free_surface_records(st.runs)
+    wave = _free_surface_records(
+        st.runs_2d, frequency_theory=1.0, frequency_error=0.02, damping_error=0.03
+    )
+    drops = {12.0: _free_surface_records(st.runs_2d, laplace_error=0.01)}
+    for r in drops[12.0]:
+        r["summary"]["spurious_velocity"] = 1e-5
+    built = {
+        "crown": figures.build_raindrop_crown_figure(records, st),
+        "difference": figures.build_raindrop_difference_figure(
+            records, st, 1e-3, reference=reference
+        ),
+        "slices": figures.build_raindrop_slices_figure(records, reference=reference),
+        "2-D": figures.build_free_surface_2d_figure(drops, wave, st),
+    }
+    for name, fig in built.items():
+        panels = _panels(fig)
+        assert panels, name
+        for ax in panels:
+            assert ax.get_xlabel() and ax.get_ylabel(), (name, ax.get_title())
+            assert ax.get_ylabel().endswith(")"), "units in the y label"
+        assert fig.get_suptitle() or all(ax.get_title() for ax in panels), name
+        assert "_" not in fig.get_suptitle(), name
+    for name in ("crown", "difference", "2-D"):
+        assert _legend_outside_axes(built[name]), name
+        (legend,) = built[name].legends
+        texts = [t.get_text() for t in legend.get_texts()]
+        assert len(texts) == len(set(texts)), texts
+        drawn = records[1:] if name == "difference" else records  # not FP32 - FP32
+        assert {r["label"] for r in drawn} <= set(texts), (name, texts)
+    # The slice images carry labelled colour bars in place of a legend.
+    bars = [a for a in built["slices"].axes if a.get_label() == "<colorbar>"]
+    assert len(bars) == 2 * len(records) - 1
+    assert all(bar.get_ylabel() for bar in bars)
+    # Every storage format has one colour, the same in every figure.
+    crown, difference, two_d = (
+        _line_colours(built[k]) for k in ("crown", "difference", "2-D")
+    )
+    labels = [r["label"] for r in records]
+    assert len({crown[k] for k in labels}) == len(labels)
+    for label in labels[1:]:
+        assert difference[label] == crown[label], label
+    for label in labels:
+        assert two_d[label] == crown[label], label

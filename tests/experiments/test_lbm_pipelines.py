@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from experiments import _lbm_figures, lbm_accuracy, lbm_performance
+from experiments import _lbm_figures, lbm_accuracy, lbm_performance, lbm_raindrop
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +167,127 @@ def test_lbm_capsule_checks_fail_when_a_run_is_missing():
     st = lbm_capsule.settings_for("tiny")
     checks = lbm_capsule.evaluate_checks({0.05: []}, st, None)
     assert checks and not any(checks.values())
+
+
+@pytest.fixture(scope="module")
+def raindrop_study(notebook_run):
+    return notebook_run("lbm_raindrop")
+
+
+def test_lbm_raindrop_tiny_artefacts_checks_and_comparison(raindrop_study):
+    out = raindrop_study.out_dir
+    for name in (
+        "results.json",
+        "REPORT.md",
+        "raindrop_crown.png",
+        "raindrop_fill_difference.png",
+        "raindrop_slices.png",
+        "static_drop_capillary_wave.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    failed = [k for k, ok in raindrop_study.checks.items() if not ok]
+    assert raindrop_study.checks and failed == [], failed
+    results = json.loads((out / "results.json").read_text())
+    by_label = {r["label"]: r for r in results["records"]["raindrop"]}
+    fp32, fp16s = by_label["FP32/FP32"], by_label["FP32/FP16S S"]
+    assert fp32["l1_final"] == 0.0 and fp32["crown_deviation"] == 0.0
+    # 16-bit storage changes the splash, but within the stated bound.
+    assert 0.0 < fp16s["l1_final"] <= results["settings"]["l1_final_bound"]
+    assert len(fp16s["l1_slices"]) == results["settings"]["raindrop_samples"]
+    assert fp16s["crown_compared"] > 0
+    (drops,) = results["records"]["static_drop"].values()
+    assert all(r["summary"]["laplace_error"] < 0.05 for r in drops)
+    report = (out / "REPORT.md").read_text()
+    assert "closest to FP32 is FP32/FP16S S" in report
+    assert "16-bit storage survives" in report
+
+
+def _raindrop_studies(st, *, steps=100):
+    """Raindrop, static-drop and capillary-wave records that pass every check."""
+
+    def rec(storage, **values):
+        sixteen = storage != "fp32"
+        return {
+            "storage": lbm_jax.get_storage(storage).name,
+            "label": lbm_accuracy.storage_label(storage, True),
+            "stable": True,
+            "summary": {"steps": steps, "mass_drift": 1e-8, **values},
+            "l1_final": 1e-4 if sixteen else 0.0,
+            "l1_slices_max": 1e-4 if sixteen else 0.0,
+            "crown_deviation": 0.0,
+        }
+
+    names, names_2d = ([s for s, _ in runs] for runs in (st.runs, st.runs_2d))
+    return {
+        "raindrop": [rec(s) for s in names],
+        "static_drop": {
+            r: [rec(s, laplace_error=0.01) for s in names_2d] for r in st.drop_radii
+        },
+        "capillary_wave": [
+            rec(s, frequency_error=0.01, damping_error=0.01) for s in names_2d
+        ],
+    }
+
+
+def test_lbm_raindrop_checks_fail_when_a_run_is_missing():
+    st = lbm_raindrop.settings_for("quick")
+    studies = _raindrop_studies(st)
+    assert all(lbm_raindrop.evaluate_checks(studies, st, 100).values())
+    empty = {"raindrop": [], "static_drop": {}, "capillary_wave": []}
+    checks = lbm_raindrop.evaluate_checks(empty, st, 100)
+    assert checks and not any(checks.values())
+    # Dropping one 16-bit run of a case fails exactly that case's checks.
+    for case in ("raindrop", "capillary_wave"):
+        partial = {**studies, case: studies[case][:-1]}
+        checks = lbm_raindrop.evaluate_checks(partial, st, 100)
+        failed = {k for k, ok in checks.items() if not ok}
+        mine = {k for k in checks if k.startswith(case.replace("_", " "))}
+        assert failed == mine and mine, (case, failed)
+
+
+@pytest.mark.parametrize(
+    ("words", "change"),
+    [
+        ("finished stably", {"stable": False, "summary": {}}),
+        ("finished stably", {"summary": {"steps": 50, "mass_drift": 1e-8}}),
+        ("mass drift", {"summary": {"steps": 100, "mass_drift": 2e-6}}),
+        ("L1 difference", {"l1_slices_max": math.nan}),
+        ("L1 difference", {"l1_final": 1.0}),
+        ("crown radius", {"crown_deviation": math.nan}),
+    ],
+)
+def test_lbm_raindrop_checks_fail_for_a_bad_16bit_run(words, change):
+    st = lbm_raindrop.settings_for("quick")
+    studies = _raindrop_studies(st)
+    fp32, fp16s, fp16c = studies["raindrop"]
+    studies["raindrop"] = [fp32, {**fp16s, **change}, fp16c]
+    checks = lbm_raindrop.evaluate_checks(studies, st, 100)
+    failed = [k for k, ok in checks.items() if not ok]
+    assert failed and all(k.startswith("raindrop") for k in failed), failed
+    assert any(words in k for k in failed), failed
+
+
+def test_lbm_raindrop_compare_measures_fill_and_crown_against_fp32():
+    def rec(storage, phi, crown, stable=True):
+        slices = np.stack([phi[:, 0, :]] * len(crown))
+        return {
+            "storage": storage,
+            "stable": stable,
+            "fields": {"phi": phi},
+            "history": {"slices": slices, "crown_radius": np.array(crown)},
+        }
+
+    phi = np.zeros((4, 4, 4))
+    moved = phi.copy()
+    moved[0, 0, 0] = 1.0  # one cell of 64 differs; 1 of the 16 mid-plane cells
+    nan = math.nan
+    ref = rec("FP32/FP32", phi, [nan, 8.0, 9.0, 10.0])
+    close = rec("FP32/FP16S", moved, [nan, 8.0, 10.0, 10.0])
+    late = rec("FP32/FP16C", phi, [nan, nan, nan, 10.0])  # shares 1 of 3 crowns
+    broken = rec("FP32/FP16", phi, [nan] * 4, stable=False)
+    motion = lbm_raindrop.compare_raindrop([ref, close, late, broken], n=8)
+    assert motion == 0.0  # the synthetic slices never change
+    assert close["l1_final"] == 1 / 64 and close["l1_slices_max"] == 1 / 16
+    assert close["crown_deviation"] == 1 / 8 and close["crown_compared"] == 3
+    assert math.isnan(late["crown_deviation"]) and late["crown_compared"] == 1
+    assert broken["l1_final"] == math.inf and broken["crown_deviation"] == math.inf
