@@ -19,9 +19,10 @@ from lbm_jax.free_surface._analysis import (
     surface_maps,
 )
 from lbm_jax.free_surface._curvature import MAX_CURVATURE, curvature, sphere_fill
-from lbm_jax.free_surface._model import Flag, FreeSurface, FreeSurfaceState
+from lbm_jax.free_surface._model import FILL_MARGIN, Flag, FreeSurface, FreeSurfaceState
 
 __all__ = [
+    "FILL_MARGIN",
     "MAX_CURVATURE",
     "Flag",
     "FreeSurface",

@@ -21,7 +21,9 @@ whole-array operation inside one compiled function:
 3. **collide** fluid and interface cells (BGK or TRT of the simulation) with
    gravity as a Guo body force ``rho g``;
 4. **convert** in mark-then-apply phases: an interface cell fills (to fluid)
-   when ``m > rho`` or it has no gas neighbour, and empties (to gas) when
+   when ``m > (1 + FILL_MARGIN) rho`` (a margin of 1e-3, Thuerey's, keeps a full
+   cell from flickering between the types; the clamp of step 5 moves its
+   ``m - rho`` on meanwhile) or it has no gas neighbour, and empties (to gas) when
    ``m < 0`` or it has no fluid neighbour, unless a neighbour fills; gas next to a
    filled cell becomes interface (populations from the equilibrium of its liquid
    neighbours' mean density and velocity), fluid next to an emptied cell becomes
@@ -56,7 +58,10 @@ from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
 from lbm_jax.free_surface._curvature import curvature
 
-__all__ = ["Flag", "FreeSurface", "FreeSurfaceState"]
+__all__ = ["FILL_MARGIN", "Flag", "FreeSurface", "FreeSurfaceState"]
+
+#: Relative overfill at which an interface cell converts to fluid.
+FILL_MARGIN = 1e-3
 
 
 class Flag(enum.IntEnum):
@@ -229,7 +234,8 @@ class FreeSurface:
         fluid = self.sim.init(rho, u)
         flags = np.where(p > 0, Flag.INTERFACE, Flag.GAS)
         flags = np.where(p >= 1.0, Flag.FLUID, flags)
-        gas_near = _near_np(self.sim.lattice, flags == Flag.GAS)
+        gas = jnp.asarray(flags == Flag.GAS, jnp.float32)
+        gas_near = np.asarray(_neighbour_sum(self.sim.lattice, gas)) > 0
         flags = np.where((flags == Flag.FLUID) & gas_near, Flag.INTERFACE, flags)
         flags = np.where(solid, Flag.SOLID, flags).astype(np.int8)
         rho_arr = np.broadcast_to(np.asarray(rho, np.float64), shape)
@@ -246,9 +252,8 @@ class FreeSurface:
 
         The velocity includes gravity's Guo half-force correction.
         """
-        f = self.sim.populations(state.fluid, shifted=True)
+        rho, j = self._moments(state)
         liquid = _liquid(state.flags)
-        rho, j = moments(self.sim.lattice, f, shift=self.sim.storage.shift)
         safe = jnp.where(liquid, rho, 1)
         u = [
             jnp.where(liquid, (ji - 0.5 * ga * safe) / safe, 0)
@@ -258,8 +263,12 @@ class FreeSurface:
 
     def fill(self, state: FreeSurfaceState) -> jax.Array:
         """Fill level ``phi`` in ``[0, 1]`` (1 fluid, 0 gas and solid)."""
-        rho, _ = self.fields(state)
-        return _fill(state.flags, state.mass, rho)
+        return _fill(state.flags, state.mass, self._moments(state)[0])
+
+    def _moments(self, state: FreeSurfaceState) -> tuple[jax.Array, list]:
+        """Density and momentum of the stored populations (every cell)."""
+        f = self.sim.populations(state.fluid, shifted=True)
+        return moments(self.sim.lattice, f, shift=self.sim.storage.shift)
 
     def total_mass(self, state: FreeSurfaceState) -> jax.Array:
         """Total liquid mass ``sum(mass + carry)``, summed in double-word
@@ -276,7 +285,7 @@ class FreeSurface:
 
     def healthy(self, state: FreeSurfaceState) -> jax.Array:
         """Every liquid density finite and positive, every mass finite."""
-        rho, _ = self.fields(state)
+        rho, _ = self._moments(state)
         liquid = _liquid(state.flags)
         ok = jnp.where(liquid, jnp.isfinite(rho) & (rho > 0), True)
         return jnp.all(ok) & jnp.all(jnp.isfinite(state.mass))
@@ -387,7 +396,7 @@ class FreeSurface:
         out, rho, u = keep(out, rho, u)
 
         # 4. conversions: mark, then apply so that fluid never touches gas
-        to_fluid = is_i & ((mass > 1.001 * rho) | ~has_gas)
+        to_fluid = is_i & ((mass > (1 + FILL_MARGIN) * rho) | ~has_gas)
         to_gas = is_i & ~to_fluid & ((mass < 0) | ~has_fluid)
         to_fluid, to_gas = keep(to_fluid, to_gas)
         to_gas = to_gas & ~near(to_fluid)  # filling takes precedence
@@ -487,10 +496,7 @@ def _double_add(
     a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]
 ) -> tuple[jax.Array, jax.Array]:
     """Sum of two double-word numbers ``hi + lo`` (TwoSum of the high parts)."""
-    total = a[0] + b[0]
-    part = total - a[0]
-    err = (a[0] - (total - part)) + (b[0] - part)
-    return total, err + a[1] + b[1]
+    return _two_sum(a[0], a[1] + b[1], b[0])
 
 
 def _two_sum(
@@ -514,13 +520,3 @@ def _fill(flags: jax.Array, mass: jax.Array, rho: jax.Array) -> jax.Array:
     return jnp.where(
         flags == Flag.FLUID, 1, jnp.where(flags == Flag.INTERFACE, phi, 0)
     ).astype(mass.dtype)
-
-
-def _near_np(lattice: Any, mask: np.ndarray) -> np.ndarray:
-    """Host version of "some lattice neighbour is in ``mask``" (periodic)."""
-    axes = tuple(range(mask.ndim))
-    out = np.zeros_like(mask)
-    for c in lattice.c:
-        if np.any(c):
-            out |= np.roll(mask, tuple(int(v) for v in c), axis=axes)
-    return out
