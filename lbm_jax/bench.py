@@ -24,12 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "DEFAULT_UPDATES",
     "FLOW",
     "FULL_PROBLEMS",
     "bench",
     "bench_all",
     "format_table",
     "measure_bandwidth",
+    "steps_for",
     "stream_bandwidths",
     "taylor_green_velocity",
 ]
@@ -85,9 +87,17 @@ def measure_bandwidth(*, size_mib: int = 128, repeats: int = 5) -> float:
     return max(bw.values())
 
 
-def _default_steps(cells: int) -> int:
-    """About 2e7 cell updates per timed repeat (at least 4 steps)."""
-    return max(4, round(2e7 / cells))
+#: Cell updates per timed repeat when no step count is given.
+DEFAULT_UPDATES = 2e7
+
+
+def steps_for(cells: int, updates: float = DEFAULT_UPDATES) -> int:
+    """Steps per timed repeat for about ``updates`` cell updates (at least 4).
+
+    >>> steps_for(128**3)
+    10
+    """
+    return max(4, round(updates / cells))
 
 
 #: What :func:`bench` times: a flow, not a fluid at rest (whose DDF-shifted
@@ -173,21 +183,7 @@ def bench(
             compiled).
         TypeError: For a ``bandwidth`` that is not a number.
     """
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._simulation import Simulation
-    from lbm_jax._storage import get_storage
-
-    lat = get_lattice(lattice)
-    policy = get_storage(storage, shift=shift)
-    policy.check_enabled()
-    for name, value, minimum in (("n", n, 4), ("repeats", repeats, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    cells = n**lat.d
-    if steps is None:
-        steps = _default_steps(cells)
-    elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}.")
+    lat, policy, steps = _checked(lattice, n, storage, shift, steps, repeats)
     if bandwidth is not None:
         if isinstance(bandwidth, bool) or not isinstance(
             bandwidth, int | float | np.integer | np.floating
@@ -204,54 +200,90 @@ def bench(
                 "bandwidth=50.0, or None to measure it."
             )
         bandwidth = float(bandwidth)
-    if devices is None:
-        available = jax.local_device_count()
-        devices = available if n % available == 0 else 1
-    sim = Simulation(
-        lat,
-        (n,) * lat.d,
-        tau=0.6,
-        storage=policy,
-        collision=collision,
-        devices=devices,
-    )
+    run = _Run(lat, n, policy, steps=steps, collision=collision, devices=devices)
     if bandwidth is None:
         bandwidth = measure_bandwidth()
-    state = sim.init(1.0, taylor_green_velocity(lat.d, n))
-    holder = [jax.block_until_ready(sim.advance(state, steps))]  # compile + warm-up
+    return run.result(run.time(repeats), repeats, bandwidth)
 
-    def timed() -> Any:
-        holder[0] = sim.advance(holder[0], steps)
-        return holder[0]
 
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(timed())
-        times.append(time.perf_counter() - t0)
-    seconds = statistics.median(times)
-    mlups = cells * steps / seconds / 1e6
-    bytes_per_cell = 2 * lat.q * policy.bytes_per_value
-    roofline = bandwidth * 1e9 / bytes_per_cell / 1e6
-    return {
-        "lattice": lat.name,
-        "n": n,
-        "cells": cells,
-        "storage": policy.name,
-        "shift": policy.shift,
-        "collision": collision,
-        "steps": steps,
-        "repeats": repeats,
-        "seconds": seconds,
-        "mlups": mlups,
-        "bytes_per_cell": bytes_per_cell,
-        "bandwidth_gbs": bandwidth,
-        "roofline_mlups": roofline,
-        "roofline_fraction": mlups / roofline,
-        "flow": FLOW,
-        "backend": jax.default_backend(),
-        "devices": sim.devices,
-    }
+def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES):
+    """Validated ``(lattice, storage policy, steps)`` of one benchmark run."""
+    from lbm_jax._lattice import get_lattice
+    from lbm_jax._storage import get_storage
+
+    lat = get_lattice(lattice)
+    policy = get_storage(storage, shift=shift)
+    policy.check_enabled()
+    for name, value, minimum in (("n", n, 4), ("repeats", repeats, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    if steps is None:
+        steps = steps_for(n**lat.d, updates)
+    elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}.")
+    return lat, policy, steps
+
+
+class _Run:
+    """One benchmark configuration, built, compiled and warmed up once.
+
+    :func:`bench` times it once; :func:`bench_all` times it in every round, so
+    that rounds compare storage policies without recompiling.
+    """
+
+    def __init__(self, lat, n, policy, *, steps, collision, devices) -> None:
+        from lbm_jax._simulation import Simulation
+
+        if devices is None:
+            available = jax.local_device_count()
+            devices = available if n % available == 0 else 1
+        self.sim = Simulation(
+            lat,
+            (n,) * lat.d,
+            tau=0.6,
+            storage=policy,
+            collision=collision,
+            devices=devices,
+        )
+        self.lat, self.n, self.policy = lat, n, policy
+        self.steps, self.collision = steps, collision
+        state = self.sim.init(1.0, taylor_green_velocity(lat.d, n))
+        self.state = jax.block_until_ready(self.sim.advance(state, steps))  # warm-up
+
+    def time(self, repeats: int) -> float:
+        """Median seconds of ``repeats`` timed runs of ``steps`` steps."""
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            self.state = jax.block_until_ready(self.sim.advance(self.state, self.steps))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def result(self, seconds: float, repeats: int, bandwidth: float) -> dict[str, Any]:
+        """The JSON-ready result dict of :func:`bench`."""
+        cells = self.n**self.lat.d
+        mlups = cells * self.steps / seconds / 1e6
+        bytes_per_cell = 2 * self.lat.q * self.policy.bytes_per_value
+        roofline = bandwidth * 1e9 / bytes_per_cell / 1e6
+        return {
+            "lattice": self.lat.name,
+            "n": self.n,
+            "cells": cells,
+            "storage": self.policy.name,
+            "shift": self.policy.shift,
+            "collision": self.collision,
+            "steps": self.steps,
+            "repeats": repeats,
+            "seconds": seconds,
+            "mlups": mlups,
+            "bytes_per_cell": bytes_per_cell,
+            "bandwidth_gbs": bandwidth,
+            "roofline_mlups": roofline,
+            "roofline_fraction": mlups / roofline,
+            "flow": FLOW,
+            "backend": jax.default_backend(),
+            "devices": self.sim.devices,
+        }
 
 
 #: Problems of the full benchmark: (lattice, n).
@@ -263,8 +295,12 @@ def bench_all(
     problems: tuple[tuple[str, int], ...] = FULL_PROBLEMS,
     storages: tuple[str, ...] | None = None,
     steps: int | None = None,
+    updates: float = DEFAULT_UPDATES,
     repeats: int = 5,
     rounds: int = 1,
+    collision: str = "bgk",
+    bandwidth_mib: int = 128,
+    progress: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """:func:`bench` for every storage policy on each problem, one bandwidth figure.
 
@@ -273,13 +309,28 @@ def bench_all(
     median MLUPs, with the per-round figures in ``mlups_rounds`` and, where the
     problem includes FP32/FP32, the per-round ratio to it in ``vs_fp32_rounds`` and
     their median in ``vs_fp32``. The bandwidth is measured once before and once
-    after the runs; the larger value is used for every roofline, and both are
-    reported.
+    after the runs (arrays of ``bandwidth_mib`` MiB); the larger value is used for
+    every roofline, and both are reported.
+
+    Args:
+        problems: ``(lattice, n)`` pairs.
+        storages: Storage policy names; every policy (those needing x64 only
+            when it is enabled) when ``None``.
+        steps: Steps per timed repeat on every problem; when ``None``, each
+            problem runs :func:`steps_for` its cell count and ``updates``.
+        updates: Cell updates per timed repeat when ``steps`` is ``None``.
+        repeats: Timed repeats per run (the median is the run's figure).
+        rounds: Interleaved rounds of the whole sweep.
+        collision: ``"bgk"`` or ``"trt"``, for every run.
+        bandwidth_mib: Array size of the bandwidth measurement (MiB; larger
+            than the caches for a meaningful roofline).
+        progress: Optional wrapper of the list of runs (e.g. a progress bar).
 
     Returns:
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
         "rounds": int, "results": [bench dicts]}``.
     """
+    from lbm_jax._collision import parse_collision
     from lbm_jax._storage import get_storage, list_storages
 
     names = (
@@ -291,14 +342,29 @@ def bench_all(
     names = tuple(s for s in names if x64 or not get_storage(s).needs_x64)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}.")
-    before = measure_bandwidth()
+    if isinstance(updates, bool) or not (
+        isinstance(updates, int | float) and updates > 0
+    ):
+        raise ValueError(f"updates must be a positive number, got {updates!r}.")
+    parse_collision(collision, tau=0.6, magic=3.0 / 16.0)  # refused before timing
+    configs = {
+        (lat, n, s): _checked(lat, n, s, True, steps, repeats, updates)
+        for lat, n in problems
+        for s in names
+    }
+    before = measure_bandwidth(size_mib=bandwidth_mib)
+    prepared: dict[tuple[str, int, str], _Run] = {}
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
-    for _ in range(rounds):
-        for lat, n in problems:
-            for s in names:
-                r = bench(lat, n, s, steps=steps, repeats=repeats, bandwidth=before)
-                runs.setdefault((lat, n, s), []).append(r)
-    after = measure_bandwidth()
+    plan = [key for _ in range(rounds) for key in configs]
+    for key in plan if progress is None else progress(plan):
+        if key not in prepared:  # built, compiled and warmed up in the first round
+            lat, policy, n_steps = configs[key]
+            prepared[key] = _Run(
+                lat, key[1], policy, steps=n_steps, collision=collision, devices=None
+            )
+        run = prepared[key]
+        runs.setdefault(key, []).append(run.result(run.time(repeats), repeats, before))
+    after = measure_bandwidth(size_mib=bandwidth_mib)
     results = []
     for (lat, n, _), per_round in runs.items():
         r = dict(sorted(per_round, key=lambda x: x["mlups"])[len(per_round) // 2])

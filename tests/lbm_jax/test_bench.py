@@ -119,3 +119,59 @@ def test_cli_bench_rejects_bad_rounds_and_storage_lists():
         assert exc.value.code == 2
     with pytest.raises(SystemExit):
         main([*base, "--storage", "fp32,fp16s", "--devices", "1"])
+
+
+def test_bench_all_compiles_each_configuration_once_over_rounds(monkeypatch):
+    from lbm_jax import bench as bench_module
+
+    built = []  # each configuration initialises its flow once, when it is built
+    original = bench_module.taylor_green_velocity
+
+    def counting(d, n, *args):
+        built.append((d, n))
+        return original(d, n, *args)
+
+    monkeypatch.setattr(bench_module, "taylor_green_velocity", counting)
+    report = bench_module.bench_all(
+        problems=(("D2Q9", 16),),
+        storages=("fp32", "fp16s"),
+        steps=2,
+        repeats=1,
+        rounds=3,
+        collision="trt",
+        bandwidth_mib=4,
+    )
+    assert built == [(2, 16), (2, 16)]  # two policies, three rounds
+    by_name = {r["storage"]: r for r in report["results"]}
+    assert len(by_name["FP32/FP16S"]["vs_fp32_rounds"]) == 3
+    assert by_name["FP32/FP32"]["vs_fp32_rounds"] == [1.0, 1.0, 1.0]
+    assert all(r["collision"] == "trt" for r in report["results"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"collision": "mrt"}, "collision"),
+        ({"updates": 0}, "updates"),
+        ({"rounds": 0}, "rounds"),
+        ({"problems": (("D2Q7", 16),)}, "lattice"),
+        ({"repeats": 0}, "repeats"),
+    ],
+)
+def test_bench_all_refuses_bad_arguments_before_measuring(monkeypatch, kwargs, match):
+    from lbm_jax import bench as bench_module
+
+    def measured(**_):
+        raise AssertionError("measured before validating")
+
+    monkeypatch.setattr(bench_module, "measure_bandwidth", measured)
+    args = {"problems": (("D2Q9", 16),), "storages": ("fp32",), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        bench_module.bench_all(**args)
+
+
+def test_steps_for_gives_about_the_requested_updates():
+    from lbm_jax.bench import steps_for
+
+    assert steps_for(128**3, 2e7) == 10
+    assert steps_for(10**9) == 4  # at least four steps
