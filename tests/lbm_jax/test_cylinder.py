@@ -47,6 +47,26 @@ def test_unconfined_geometry_is_validated():
         prepare_case("cylinder", n=8, u_ref=0.2)  # peak 1.5 u_ref = 0.3
 
 
+def test_schaefer_turek_2d2_at_d12():
+    # The CI-sized version of the D = 20 benchmark below: 7,200 steps on 266 x 51
+    # cells, about 8 s. Measured: St 0.284 (-5.3 %), cd_max +1.9 %, cl_max -8.5 %.
+    s = run_case("cylinder", n=12, u_ref=0.1, run_times=60.0, window=0.3).summary
+    assert s["periods"] >= 4
+    assert abs(s["strouhal_deviation"]) < 0.07
+    assert abs(s["cd_max_deviation"]) < 0.03
+    assert abs(s["cl_max_deviation"]) < 0.12
+
+
+def test_unconfined_karman_street_at_d8():
+    # The CI-sized version of the D = 10 run below: 12,000 steps on 242 x 160 cells.
+    # Measured: St 0.154 (published 0.164-0.169 at Re = 100; -7 % at D = 8),
+    # mean drag 1.47.
+    s = run_case("cylinder_unconfined", n=8, u_ref=0.1, run_times=150.0).summary
+    assert s["periods"] >= 4
+    assert 0.145 < s["strouhal"] < 0.19
+    assert 1.2 < s["cd_mean"] < 1.6
+
+
 @pytest.mark.slow
 def test_schaefer_turek_2d2_at_d20():
     # ~20k steps on 442 x 84 cells: about 30 s on 2 free cores.

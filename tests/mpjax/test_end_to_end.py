@@ -1,11 +1,11 @@
 """End to end: NNX models trained on bundled data under each precision policy.
 
-An MLP classifies scikit-learn's digits and a one-block transformer models the
-characters of standard-library source text. Both are trained with
-``mpjax.apply_policy`` + ``mpjax.make_train_step`` under ``float32``,
-``mixed_bfloat16`` and ``mixed_float16`` (dynamic loss scaling); the mixed runs must
-reach the float32 held-out loss within the tolerance stated in each task
-(``atol + rtol * |float32 loss|``). Float16 without loss scaling must show gradient
+An MLP classifies scikit-learn's digits, a one-level U-Net denoises them and a
+one-block transformer models the characters of standard-library source text. All
+three are trained with ``mpjax.apply_policy`` + ``mpjax.make_train_step`` under
+``float32``, ``mixed_bfloat16`` and ``mixed_float16`` (dynamic loss scaling); the
+mixed runs must reach the float32 held-out loss within the tolerance stated in each
+task (``atol + rtol * |float32 loss|``). Float16 without loss scaling must show gradient
 underflow that the loss scale removes.
 """
 
@@ -26,6 +26,7 @@ def tasks() -> dict[str, amp.Task]:
     digits = _data.digits(seed=0)
     rng = np.random.default_rng(0)
     index = rng.integers(0, len(digits.x_train), size=(STEPS, 128))
+    noisy = _data.noisy_digits(seed=0)
     codes = _data.python_text()
     train_codes, eval_codes = codes[:-10_000], codes[-10_000:]
     tokens, targets = _data.char_windows(
@@ -43,6 +44,16 @@ def tasks() -> dict[str, amp.Task]:
             rtol=0.10,
             atol=0.02,
             metric="accuracy",
+        ),
+        "unet": amp.Task(
+            "unet",
+            _models.UNet(4, levels=1, rngs=rngs),
+            _models.denoising_loss,
+            (noisy.x_train[index[:, :32]], noisy.y_train[index[:, :32]]),
+            (noisy.x_test, noisy.y_test),
+            learning_rate=3e-3,
+            rtol=0.10,
+            atol=0.002,
         ),
         "transformer": amp.Task(
             "transformer",
@@ -66,7 +77,10 @@ def runs(tasks) -> dict[tuple[str, str], amp.RunRecord]:
     }
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+NAMES = ["mlp", "unet", "transformer"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_float32_training_learns(runs, name):
     record = runs[name, "float32"]
     assert record.losses[-10:].mean() < 0.6 * record.losses[:3].mean()
@@ -76,7 +90,7 @@ def test_float32_training_learns(runs, name):
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+@pytest.mark.parametrize("name", NAMES)
 def test_mixed_training_reaches_float32_loss(tasks, runs, name, policy):
     task, reference, record = tasks[name], runs[name, "float32"], runs[name, policy]
     tolerance = task.atol + task.rtol * abs(reference.eval_loss)
@@ -86,7 +100,7 @@ def test_mixed_training_reaches_float32_loss(tasks, runs, name, policy):
         assert abs(record.eval_metric - reference.eval_metric) <= 0.03
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+@pytest.mark.parametrize("name", NAMES)
 def test_float16_run_is_loss_scaled(runs, name):
     record = runs[name, "mixed_float16"]
     assert record.loss_scales[0] == 2.0**15
