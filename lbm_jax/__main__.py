@@ -6,36 +6,54 @@ Usage::
                            cylinder_unconfined,capsule,static_drop,
                            capillary_wave,drop_impact,raindrop} [--n N] [--re RE]
                           [--storage NAME] [--steps S] [--shift/--no-shift]
-                          [case options: --lattice L --collision {bgk,trt} --u-ref U
+                          [case options: --lattice {D2Q9,D3Q19,D3Q27}
+                           --collision {bgk,trt} --u-ref U --run-times T
                            --radius R --ca CA --law L --skalak-c C --kernel K
                            --nodes N --dims D --sigma S --depth H --amplitude A
                            --we WE --oh OH --bo BO --width W --smagorinsky C
                            --duration T] --out DIR
                           [--checkpoint-every N] [--overwrite] [--progress]
     python -m lbm_jax run --resume DIR [--progress]
-    python -m lbm_jax bench [--lattice D3Q19] [--n 128] [--storage fp32[,fp16s,...]]
-                            [--steps S] [--repeats R] [--rounds K] [--all]
+    python -m lbm_jax run --help     # what --n counts and the defaults, per case
+    python -m lbm_jax bench [--lattice {D2Q9,D3Q19,D3Q27}] [--n 128]
+                            [--storage fp32[,fp16s,...]] [--collision {bgk,trt}]
+                            [--steps S] [--repeats R] [--rounds K] [--devices D]
                             [--json FILE]
+    python -m lbm_jax bench --all [--collision C] [--steps S] [--repeats R]
+                            [--rounds K] [--json FILE]
 
-The case options come from one list (:data:`lbm_jax.cases.CLI_OPTIONS`); a case
-refuses an option it does not take. ``run`` writes ``DIR/fields.npz`` (``rho``
-``(X, Y[, Z])``, ``u`` ``(D, X, Y[, Z])`` in lattice units; the free-surface cases
-add ``phi`` and ``flags``), ``DIR/summary.json``
-and PNG figures. With
-``--checkpoint-every N`` it saves the whole run to ``DIR/checkpoints`` every ``N``
-steps (the arguments go to ``DIR/run.json``); ``--resume DIR`` continues a killed
-run from its newest readable checkpoint, and its results equal an uninterrupted
-run's bit for bit. A resume with other options or another code version is
-refused (exit status 2). ``bench`` measures MLUPs
-on a periodic box after compilation, with the memory bandwidth measured in the
-same process; ``--all`` covers every storage policy on D2Q9 1024^2 and D3Q19 128^3,
-and a comma-separated ``--storage`` list compares policies side by side; with
-``--rounds K`` the sweep is repeated K times, interleaved, and each figure is the
-median round, with the ratio to FP32/FP32 per round.
+``--n`` counts cells across each case's characteristic length: the cylinder
+diameter in the cylinder cases, the drop diameter in the impacts, the channel
+width, box or cavity side, or the capsule's channel height elsewhere. The case
+options come from one list (:data:`lbm_jax.cases.CLI_OPTIONS`); a case refuses
+an option it does not take. ``--lattice`` takes D2Q9 (default), D3Q19 or D3Q27
+for ``cavity``, D3Q19 (default) or D3Q27 for ``cavity3d``, any for ``bench``.
+``--steps S`` runs exactly S steps; without it a case runs its default length
+(steady cases stop once steady).
+
+``run`` writes ``DIR/fields.npz`` (``rho`` ``(X, Y[, Z])``, ``u``
+``(D, X, Y[, Z])`` in lattice units; the free-surface cases add ``phi`` and
+``flags``), ``DIR/summary.json`` (all parameters and metrics, and
+``warnings``), ``DIR/fields.vti`` and PNG figures, and prints a short summary
+(case, grid, what ``--n`` meant, steps, storage, speed, key figures) with the
+path of ``summary.json``; warnings, such as a cylinder run too short for a
+Strouhal number, go to stderr. ``--checkpoint-every N`` saves the whole run to
+``DIR/checkpoints`` every ``N`` steps (the arguments go to ``DIR/run.json``);
+``--resume DIR`` continues a killed run from its newest readable checkpoint, bit
+for bit, and refuses other options or another code version (exit status 2).
+
+``bench`` measures MLUPs on a periodic box after compilation, with the memory
+bandwidth measured in the same process. ``--all`` covers every storage policy on
+D2Q9 1024^2 and D3Q19 128^3 (so it refuses ``--lattice``, ``--n``, ``--storage``
+and ``--devices``); a comma-separated ``--storage`` list compares policies side
+by side; ``--rounds K`` repeats the measurement K times, interleaved, and
+reports the median round (with the ratio to FP32/FP32 per round).
+``--collision`` applies in every mode, ``--devices`` to one policy in one round.
 
 Every argument is validated before anything is compiled; invalid input exits with
-status 2 and a message saying what to change. Unless ``XLA_FLAGS`` is already
-set, the host platform is split into one device per CPU core.
+status 2 and a message that names the flag and says what to change. Unless
+``XLA_FLAGS`` is already set, the host platform is split into one device per CPU
+core.
 """
 
 from __future__ import annotations
@@ -49,100 +67,253 @@ if "XLA_FLAGS" not in os.environ:  # must precede JAX's backend initialisation
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+if TYPE_CHECKING:
+    from lbm_jax.cases import CaseResult
 
 __all__ = ["build_parser", "main"]
+
+# run's own flags that name a prepare_case argument (the case options come on top)
+_RUN_ARGUMENTS = ("n", "re", "storage", "shift", "steps")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose epilog is built only when its help is shown.
+
+    ``epilog_factory`` returns the epilog; the case table it builds for ``run``
+    prepares every case, which ``--help`` alone should pay for.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        epilog_factory: Callable[[], str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._epilog_factory = epilog_factory
+
+    def format_help(self) -> str:
+        if self._epilog_factory is not None and self.epilog is None:
+            self.epilog = self._epilog_factory()
+        return super().format_help()
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a parameter name: ``u_ref`` -> ``--u-ref``."""
+    return "--" + name.replace("_", "-")
+
+
+def _as_flags(message: str) -> str:
+    """A library message with the parameter names it quotes written as flags.
+
+    ``u_ref`` becomes ``--u-ref`` anywhere, ``name=value`` becomes
+    ``--name value``, and a plain name (``n``, ``radius``) becomes a flag where
+    it is the subject (``n must be ...``, ``ca (capillary number) must ...``) or
+    the object of advice (``raise n``, ``lower re``, ``give steps``).
+    """
+    from lbm_jax.cases import CLI_OPTIONS
+
+    verb = r"(?:(?<=[Rr]aise )|(?<=[Ll]ower )|(?<=[Gg]ive ))"
+    for name in sorted((*_RUN_ARGUMENTS, *CLI_OPTIONS), key=len, reverse=True):
+        flag, start = _flag(name), rf"(?<![\w.'-]){name}"
+        message = re.sub(rf"{start}=(?=[^\s=])", flag + " ", message)
+        subject = r"(?![\w-])" if "_" in name else r"(?=\s+must\b|\s+\()"
+        message = re.sub(start + subject, flag, message)
+        message = re.sub(rf"{verb}{name}\b(?!-)", flag, message)
+    return message
+
+
+def _value(value: object) -> str:
+    """A summary value for people: floats to 4 digits, ``None`` as ``n/a``."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _case_table() -> str:
+    """The epilog of ``run --help``: what ``--n`` counts in each case, and the
+    defaults the case uses for every flag it takes."""
+    from lbm_jax.cases import CASE_INFO, case_defaults
+
+    lines = ["cases: what --n counts, and the defaults of the flags each case takes:"]
+    indent = " " * 24
+    for case, info in CASE_INFO.items():
+        defaults = case_defaults(case)
+        n, steps = defaults.pop("n"), defaults.pop("steps")
+        lines.append(f"  {case:<21} --n {n} = {info.n}")
+        text = ", ".join(
+            [f"{_flag(name)} {_value(value)}" for name, value in defaults.items()]
+            + [f"--steps {steps}" + (" at most (until steady)" if info.steady else "")]
+        )
+        lines += textwrap.wrap(
+            text, width=88, initial_indent=indent, subsequent_indent=indent
+        )
+    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
-    from lbm_jax import Collision
+    from lbm_jax import Collision, list_lattices
+    from lbm_jax.bench import DEFAULT_UPDATES, FULL_PROBLEMS
     from lbm_jax.cases import CASES, CLI_OPTIONS
 
     collisions = [c.value for c in Collision]
-    parser = argparse.ArgumentParser(
+    lattices = ", ".join(list_lattices())
+    case_default = " (default: case default, listed below)"
+    parser = _Parser(
         prog="python -m lbm_jax",
         description="Lattice Boltzmann validation cases and benchmarks.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run a validation case")
+    run = sub.add_parser(
+        "run",
+        help="run a validation case",
+        description="Run a validation case, compare it with its reference and "
+        "write fields,\nsummary.json and figures to --out; print a short summary.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog_factory=_case_table,
+    )
     run.add_argument(
         "case", nargs="?", choices=CASES, help="case name (optional with --resume)"
     )
-    run.add_argument("--n", type=int, default=None, help="resolution (cells)")
-    run.add_argument("--re", type=float, default=None, help="Reynolds number")
     run.add_argument(
-        "--storage", default=None, help="storage policy (fp32 (default), fp16s, ...)"
+        "--n",
+        type=int,
+        default=None,
+        help="resolution in cells: the cylinder diameter for the cylinder cases, "
+        "the channel width, box or cavity side, channel height or drop diameter "
+        "elsewhere (each case below)" + case_default,
     )
-    run.add_argument("--steps", type=int, default=None, help="time steps")
+    run.add_argument(
+        "--re", type=float, default=None, help="Reynolds number" + case_default
+    )
+    run.add_argument(
+        "--storage",
+        default=None,
+        help="storage policy: fp32, fp16s, fp16c, ... (default: fp32)",
+    )
+    run.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="time steps, run exactly; without it steady cases stop once steady"
+        + case_default,
+    )
     run.add_argument(
         "--shift",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="DDF-shifting of stored populations (default on)",
+        help="DDF-shifting of stored populations (default: on)",
     )
     for name, option in CLI_OPTIONS.items():
-        only = f" [{', '.join(option.cases)}]" if option.cases else ""
+        only = "" if option.cases == CASES else f" [{', '.join(option.cases)}]"
         run.add_argument(
-            "--" + name.replace("_", "-"),
+            _flag(name),
             type=option.type,
             choices=option.choices,
             default=None,
-            help=option.help + only,
+            help=option.help + only + case_default,
         )
-    run.add_argument("--out", default=None, help="output directory")
+    run.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default: none; required without --resume)",
+    )
     run.add_argument(
         "--checkpoint-every",
         type=int,
         default=None,
         metavar="N",
-        help="save the whole run to OUT/checkpoints every N steps",
+        help="save the whole run to OUT/checkpoints every N steps (default: none)",
     )
     run.add_argument(
         "--resume",
         default=None,
         metavar="DIR",
-        help="continue the checkpointed run in DIR from its newest readable checkpoint",
+        help="continue the checkpointed run in DIR from its newest readable "
+        "checkpoint (default: start a new run)",
     )
     run.add_argument(
         "--overwrite",
         action="store_true",
-        help="allow writing into an existing non-empty --out directory",
+        help="allow writing into an existing non-empty --out directory (default: off)",
     )
-    run.add_argument("--progress", action="store_true", help="show a progress bar")
+    run.add_argument(
+        "--progress", action="store_true", help="show a progress bar (default: off)"
+    )
 
+    full = " and ".join(f"{lat} {n}^{lat[1]}" for lat, n in FULL_PROBLEMS)
     bench = sub.add_parser("bench", help="measure MLUPs on a periodic box")
-    bench.add_argument("--lattice", default="D3Q19")
-    bench.add_argument("--n", type=int, default=128)
+    bench.add_argument(
+        "--lattice",
+        default=None,
+        help=f"lattice: {lattices} (default: D3Q19; not with --all)",
+    )
+    bench.add_argument(
+        "--n", type=int, default=None, help="box side (default: 128; not with --all)"
+    )
     bench.add_argument(
         "--storage",
-        default="fp32",
-        help="storage policy, or a comma-separated list measured side by side",
+        default=None,
+        help="storage policy, or a comma-separated list measured side by side "
+        "(default: fp32; not with --all)",
     )
     bench.add_argument(
         "--rounds",
         type=int,
         default=1,
-        help="interleaved rounds of a multi-storage or --all sweep (median reported)",
+        help="interleaved rounds of the whole measurement, median reported "
+        "(default: %(default)s)",
     )
-    bench.add_argument("--steps", type=int, default=None)
-    bench.add_argument("--repeats", type=int, default=5)
-    bench.add_argument("--collision", choices=collisions, default="bgk")
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per timed repeat (default: about {DEFAULT_UPDATES:.0e} cell "
+        "updates)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="timed repeats per run, median reported (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--collision",
+        choices=collisions,
+        default="bgk",
+        help="collision operator (default: %(default)s)",
+    )
     bench.add_argument(
         "--devices",
         type=int,
         default=None,
-        help="devices to split the box over (default: all, if n divides)",
+        help="devices to split the box over, for one storage policy and one round "
+        "(default: all, if they divide --n)",
     )
     bench.add_argument(
         "--all",
         action="store_true",
-        help="every storage policy on D2Q9 1024^2 and D3Q19 128^3",
+        help=f"every storage policy on {full} (default: off)",
     )
-    bench.add_argument("--json", default=None, help="write results to this JSON file")
+    bench.add_argument(
+        "--json",
+        default=None,
+        help="write results to this JSON file (default: none, the table only)",
+    )
     return parser
 
 
@@ -196,16 +367,9 @@ def _run_arguments(
     from lbm_jax.cases import CLI_OPTIONS, RUN_FILE
 
     given = {
-        key: value
-        for key, value in (
-            ("n", args.n),
-            ("re", args.re),
-            ("storage", args.storage),
-            ("shift", args.shift),
-            ("steps", args.steps),
-            *((name, getattr(args, name)) for name in CLI_OPTIONS),
-        )
-        if value is not None
+        name: getattr(args, name)
+        for name in (*_RUN_ARGUMENTS, *CLI_OPTIONS)
+        if getattr(args, name) is not None
     }
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         parser.error(
@@ -214,6 +378,7 @@ def _run_arguments(
     if args.resume is None:
         if args.case is None or args.out is None:
             parser.error("run needs a case and --out DIR (or --resume DIR).")
+        _check_applies(args.case, given, parser)
         return args.case, {"storage": "fp32", "shift": True, **given}, Path(args.out)
     out = Path(args.resume)
     if args.out is not None and Path(args.out).resolve() != out.resolve():
@@ -229,7 +394,24 @@ def _run_arguments(
         parser.error(
             f"--resume {str(out)!r} holds a {stored['case']!r} run, not {args.case!r}."
         )
+    _check_applies(stored["case"], given, parser)
     return stored["case"], {**stored["arguments"], **given}, out
+
+
+def _check_applies(case: str, given: dict, parser: argparse.ArgumentParser) -> None:
+    """Refuse the flags given on the command line that ``case`` does not take,
+    naming those it does take."""
+    from lbm_jax.cases import CASE_INFO, CLI_OPTIONS
+
+    takes = [name for name in _RUN_ARGUMENTS if name != "re" or CASE_INFO[case].re]
+    takes += [name for name, option in CLI_OPTIONS.items() if case in option.cases]
+    foreign = [name for name in given if name not in takes]
+    if foreign:
+        parser.error(
+            f"Unknown option {', '.join(map(_flag, foreign))} for case {case!r}; "
+            f"it takes {', '.join(map(_flag, takes))} (see python -m lbm_jax run "
+            "--help)."
+        )
 
 
 def _run_case(
@@ -255,11 +437,12 @@ def _run_case(
                 "(or --resume it, if it holds a checkpointed run)."
             )
     except (ValueError, TypeError) as err:
-        parser.error(str(err))
+        parser.error(_as_flags(str(err)))
     if resume:
         newest = sorted(out.glob("checkpoints/step_*.npz"))
         where = newest[-1].name if newest else "the start (no checkpoint yet)"
         print(f"resuming {str(out)!r} from {where}", file=sys.stderr)
+    tic = time.perf_counter()
     try:
         result = run_case(
             case,
@@ -271,10 +454,44 @@ def _run_case(
             **kwargs,
         )
     except ResumeError as err:
-        parser.error(str(err))
-    print(json.dumps(result.summary, indent=2, sort_keys=True))
+        parser.error(_as_flags(str(err)))
+    seconds = time.perf_counter() - tic
+    for warning in result.summary["warnings"]:
+        print(f"warning: {_as_flags(warning)}", file=sys.stderr)
+    print(_short_summary(result, seconds))
+    print(f"full summary: {out / 'summary.json'}")
     print(f"wrote {', '.join(str(p) for p in result.files)}")
     return 0
+
+
+def _short_summary(result: CaseResult, seconds: float) -> str:
+    """A few lines for people: case, grid, what ``--n`` meant, steps, storage,
+    speed, the case's key figures and the number of warnings."""
+    from lbm_jax.cases import CASE_INFO
+
+    s = result.summary
+    info = CASE_INFO[s["case"]]
+    grid = " x ".join(map(str, result.fields["rho"].shape))
+    re_text = f", Re {s['re']:.4g}" if info.re else ""
+    speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
+    shift = "" if s["shift"] else ", no shift"
+    lines = [
+        f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,
+        f"{s['steps']} steps, storage {s['storage']}{shift}, {s['collision']}, "
+        f"{seconds:.3g} s wall (compilation included){speed}",
+    ]
+    suffixes = ("_error", "_deviation", "_drift")
+    keys = [k for k in info.results if k in s]
+    keys += sorted(k for k in s if k.endswith(suffixes) and k not in keys)
+    lines += textwrap.wrap(
+        ", ".join(f"{k} {_value(s[k])}" for k in keys),
+        width=88,
+        initial_indent="results: ",
+        subsequent_indent="  ",
+    )
+    if s["warnings"]:
+        lines.append(f"warnings: {len(s['warnings'])} (above, and in summary.json)")
+    return "\n".join(lines)
 
 
 def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -282,32 +499,46 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from lbm_jax import bench, get_lattice, get_storage
 
+    lattice = "D3Q19" if args.lattice is None else args.lattice
+    n = 128 if args.n is None else args.n
+    storages = [
+        s.strip() for s in ("fp32" if args.storage is None else args.storage).split(",")
+    ]
     try:
+        if args.all:
+            mixed = [f"--{k}" for k in ("lattice", "n", "storage", "devices")]
+            mixed = [flag for flag in mixed if getattr(args, flag[2:]) is not None]
+            if mixed:
+                raise ValueError(
+                    f"{', '.join(mixed)} cannot be combined with --all, which "
+                    "measures every storage policy on its own grids; drop --all to "
+                    "measure one grid."
+                )
         for name, value, minimum in (
-            ("--n", args.n, 4),
+            ("--n", n, 4),
             ("--repeats", args.repeats, 1),
             ("--rounds", args.rounds, 1),
         ):
             if value < minimum:
                 raise ValueError(f"{name} must be at least {minimum}, got {value}.")
-        if args.devices is not None:
-            if args.all:
-                raise ValueError("--devices applies to a single run, not to --all.")
-            available = jax.local_device_count()
-            if not 1 <= args.devices <= available or args.n % args.devices:
-                raise ValueError(
-                    f"--devices {args.devices}: need 1 <= devices <= {available} "
-                    f"(local devices) dividing --n {args.n}."
-                )
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {args.steps}.")
-        storages = [s.strip() for s in args.storage.split(",")]
         if not args.all:
-            get_lattice(args.lattice)
+            get_lattice(lattice)
             for storage in storages:
                 get_storage(storage)
-            if args.devices is not None and len(storages) > 1:
-                raise ValueError("--devices applies to a single storage policy.")
+        if args.devices is not None:
+            if len(storages) > 1 or args.rounds > 1:
+                raise ValueError(
+                    "--devices applies to a single run: one storage policy and "
+                    "--rounds 1."
+                )
+            available = jax.local_device_count()
+            if not 1 <= args.devices <= available or n % args.devices:
+                raise ValueError(
+                    f"--devices {args.devices}: need 1 <= devices <= {available} "
+                    f"(local devices) dividing --n {n}."
+                )
         if args.json is not None:
             if Path(args.json).is_dir():
                 raise ValueError(
@@ -316,25 +547,22 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             _check_creatable("--json", Path(args.json).parent)
     except (ValueError, TypeError) as err:
         parser.error(str(err))
-    if args.all or len(storages) > 1:
-        kwargs: dict = {"steps": args.steps, "repeats": args.repeats}
+    measure = {
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "collision": args.collision,
+    }
+    if args.all or len(storages) > 1 or args.rounds > 1:
         if not args.all:
-            kwargs.update(problems=((args.lattice, args.n),), storages=storages)
+            measure.update(problems=((lattice, n),), storages=storages)
         x64 = args.all or any(map(_needs_x64, storages))
         with jax.enable_x64(x64):  # FP64/FP64 needs 64-bit types
-            report = bench.bench_all(rounds=args.rounds, **kwargs)
+            report = bench.bench_all(rounds=args.rounds, **measure)
         results = report["results"]
     else:
-        with jax.enable_x64(_needs_x64(args.storage)):
-            result = bench.bench(
-                args.lattice,
-                args.n,
-                args.storage,
-                steps=args.steps,
-                repeats=args.repeats,
-                collision=args.collision,
-                devices=args.devices,
-            )
+        (storage,) = storages
+        with jax.enable_x64(_needs_x64(storage)):
+            result = bench.bench(lattice, n, storage, devices=args.devices, **measure)
         report = {"bandwidth_gbs": result["bandwidth_gbs"], "results": [result]}
         results = [result]
     print(bench.format_table(results))

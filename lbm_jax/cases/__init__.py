@@ -46,15 +46,18 @@ import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint, check_same, code_version
 from lbm_jax.cases import _common
-from lbm_jax.cases._common import CLI_OPTIONS, CaseSetup, CliOption
+from lbm_jax.cases._common import CASE_INFO, CLI_OPTIONS, CaseInfo, CaseSetup, CliOption
 
 __all__ = [
     "CASES",
+    "CASE_INFO",
     "CLI_OPTIONS",
     "RUN_FILE",
+    "CaseInfo",
     "CaseResult",
     "CaseSetup",
     "CliOption",
+    "case_defaults",
     "prepare_case",
     "run_case",
 ]
@@ -70,7 +73,10 @@ class CaseResult:
     Attributes:
         summary: JSON-ready dictionary: ``case``, ``lattice``, ``storage``,
             ``shift``, ``collision``, ``n``, ``re``, ``tau``, ``steps``, ``u_ref``
-            (the characteristic velocity), ``mlups`` and the case's metrics.
+            (the characteristic velocity), ``mlups``, ``warnings`` (a list of
+            sentences: what the run could not measure and how to fix it, e.g. a
+            cylinder run too short for the Strouhal number) and the case's
+            metrics.
         fields: ``{"rho": (X, Y[, Z]), "u": (D, X, Y[, Z])}`` NumPy arrays in
             lattice units.
         files: Paths written (empty without ``out_dir``).
@@ -107,6 +113,37 @@ def prepare_case(
     return _common.prepare(
         case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
     )
+
+
+def case_defaults(case: str) -> dict[str, Any]:
+    """What :func:`run_case` uses for ``case`` when given nothing but its name.
+
+    Returns:
+        ``n``, ``re`` (for the cases that take one, see :data:`CASE_INFO`), every
+        option of :data:`CLI_OPTIONS` the case takes, and ``steps`` (a maximum
+        for the cases that stop once steady). A default derived from another
+        (the capsule's ``width`` from ``n``) is the one at the other defaults.
+
+    >>> defaults = case_defaults("cylinder")
+    >>> defaults["n"], defaults["u_ref"], defaults["run_times"]
+    (20, 0.05, 60.0)
+    """
+    setup = prepare_case(case)
+    common = {
+        "n": setup.n,
+        "re": setup.re,
+        "collision": setup.collision,
+        "lattice": setup.lattice,
+        "u_ref": setup.u_ref,
+        "steps": setup.steps,
+    }
+    names = [
+        "n",
+        *(["re"] if CASE_INFO[case].re else []),
+        *(name for name, option in CLI_OPTIONS.items() if case in option.cases),
+        "steps",
+    ]
+    return {name: common.get(name, setup.options.get(name)) for name in names}
 
 
 def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
@@ -193,8 +230,7 @@ def run_case(
     else:
         out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
     metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
-    summary = {**setup.summary(), **metrics}
-    summary = _common.jsonable(summary)
+    summary = _common.jsonable({**setup.summary(), "warnings": [], **metrics})
     files: tuple[Path, ...] = ()
     if out_path is not None:
         files = _write(out_path, summary, fields, extras, setup)
@@ -263,17 +299,15 @@ def _write(
     js.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     files.append(js)
     title = f"{setup.case} ({summary['storage']}, step {summary['steps']})"
+    solid = {"solid": extras["body"]} if "body" in extras else {}  # e.g. a cylinder
     for kind in setup.figures:
-        make = {
-            "velocity": _plot.velocity_magnitude_figure,
-            "vorticity": _plot.vorticity_figure,
-            "streamlines": _plot.streamlines_figure,
+        make, kwargs = {
+            "velocity": (_plot.velocity_magnitude_figure, solid),
+            "vorticity": (_plot.vorticity_figure, solid),
+            "streamlines": (_plot.streamlines_figure, {}),
         }[kind]
-        files.append(
-            _plot.save_figure(
-                make(fields["u"], title=f"{kind}: {title}"), out / f"{kind}.png"
-            )
-        )
+        figure = make(fields["u"], title=f"{kind}: {title}", **kwargs)
+        files.append(_plot.save_figure(figure, out / f"{kind}.png"))
     if setup.write_files is not None:
         files.extend(setup.write_files(out, summary, fields, extras))
     return tuple(files)

@@ -20,7 +20,9 @@ from lbm_jax._validation import check_int, check_real
 from lbm_jax.ibm._membrane import LAWS
 
 __all__ = [
+    "CASE_INFO",
     "CLI_OPTIONS",
+    "CaseInfo",
     "CaseSetup",
     "CliOption",
     "case_names",
@@ -29,19 +31,90 @@ __all__ = [
     "prepare",
 ]
 
-# case name -> module (imported lazily, so the registry costs nothing)
-_MODULES: dict[str, str] = {
-    "poiseuille": "lbm_jax.cases.poiseuille",
-    "taylor_green": "lbm_jax.cases.taylor_green",
-    "cavity": "lbm_jax.cases.cavity",
-    "cavity3d": "lbm_jax.cases.cavity",
-    "cylinder": "lbm_jax.cases.cylinder",
-    "cylinder_unconfined": "lbm_jax.cases.cylinder",
-    "capsule": "lbm_jax.cases.capsule",
-    "static_drop": "lbm_jax.cases.free_surface",
-    "capillary_wave": "lbm_jax.cases.free_surface",
-    "drop_impact": "lbm_jax.cases.free_surface",
-    "raindrop": "lbm_jax.cases.free_surface",
+
+@dataclasses.dataclass(frozen=True)
+class CaseInfo:
+    """What the registry and the command line know about a case.
+
+    Attributes:
+        module: The module holding the case's ``prepare``.
+        n: What the resolution ``n`` counts (the default is the case's own).
+        results: The summary's key figures, shown first by ``python -m lbm_jax run``
+            (with every ``*_error``, ``*_deviation`` and ``*_drift`` figure).
+        re: Whether the case takes a Reynolds number (the free-surface cases
+            derive their viscosity otherwise).
+        steady: Whether, without a step count, the run stops once the flow is
+            steady (the default ``steps`` is then a maximum).
+    """
+
+    module: str
+    n: str
+    results: tuple[str, ...]
+    re: bool = True
+    steady: bool = False
+
+
+_FREE_SURFACE = "lbm_jax.cases.free_surface"
+_CAVITY_RESULTS = ("ghia_max_error", "u_min_centre", "converged")
+_CYLINDER_RESULTS = ("strouhal", "cd_max", "cd_mean", "cl_max", "periods")
+_IMPACT_RESULTS = ("crown_exponent", "crown_height_max", "cavity_depth_max", "droplets")
+
+#: The cases, in the order of ``--help``; their modules are imported lazily, so
+#: the registry costs nothing.
+CASE_INFO: Mapping[str, CaseInfo] = {
+    "poiseuille": CaseInfo(
+        "lbm_jax.cases.poiseuille",
+        "channel width (cells)",
+        ("l2_error", "slip", "converged"),
+        steady=True,
+    ),
+    "taylor_green": CaseInfo(
+        "lbm_jax.cases.taylor_green",
+        "box side (cells)",
+        ("l2_error", "decay_rate_error"),
+    ),
+    "cavity": CaseInfo(
+        "lbm_jax.cases.cavity",
+        "cavity side (cells; 32 by default on a 3-D lattice)",
+        _CAVITY_RESULTS,
+        steady=True,
+    ),
+    "cavity3d": CaseInfo(
+        "lbm_jax.cases.cavity", "cube side (cells)", _CAVITY_RESULTS, steady=True
+    ),
+    "cylinder": CaseInfo(
+        "lbm_jax.cases.cylinder", "cylinder diameter D (cells)", _CYLINDER_RESULTS
+    ),
+    "cylinder_unconfined": CaseInfo(
+        "lbm_jax.cases.cylinder", "cylinder diameter D (cells)", _CYLINDER_RESULTS
+    ),
+    "capsule": CaseInfo(
+        "lbm_jax.cases.capsule",
+        "channel height H (cells; 10 radius by default)",
+        ("taylor_deformation", "deformation_theory", "inclination_deg"),
+        steady=True,
+    ),
+    "static_drop": CaseInfo(
+        _FREE_SURFACE,
+        "box side (cells; 64 by default in 3-D)",
+        ("laplace_pressure", "laplace_theory", "spurious_velocity"),
+        re=False,
+    ),
+    "capillary_wave": CaseInfo(
+        _FREE_SURFACE,
+        "wavelength = box width (cells)",
+        ("frequency", "damping"),
+        re=False,
+    ),
+    "drop_impact": CaseInfo(
+        _FREE_SURFACE, "drop diameter D (cells)", _IMPACT_RESULTS, re=False
+    ),
+    "raindrop": CaseInfo(
+        _FREE_SURFACE,
+        "drop diameter D (cells; the paper's is 84)",
+        _IMPACT_RESULTS,
+        re=False,
+    ),
 }
 
 
@@ -53,27 +126,41 @@ class CliOption:
         type: Parser type of the value.
         help: One line for ``--help``.
         choices: Accepted values, if the choice is closed.
-        cases: The cases that take the option (for ``--help``).
+        cases: The cases that take the option; the command line refuses it for
+            any other case.
     """
 
     type: type
     help: str
     choices: tuple[Any, ...] | None = None
-    cases: tuple[str, ...] = ()
+    cases: tuple[str, ...] = tuple(CASE_INFO)
 
 
 _IMPACTS = ("drop_impact", "raindrop")
+_CYLINDERS = ("cylinder", "cylinder_unconfined")
+_AT_REST = ("static_drop", "capillary_wave")
 
 #: Case options offered on the command line; each case validates its own (an
 #: option a case does not take is refused by :func:`merge_options`).
 CLI_OPTIONS: Mapping[str, CliOption] = {
     "lattice": CliOption(
-        str, f"lattice ({', '.join(list_lattices())})", cases=("cavity",)
+        str,
+        f"lattice ({', '.join(list_lattices())}; cavity3d takes a 3-D one)",
+        cases=("cavity", "cavity3d"),
     ),
     "collision": CliOption(
         str, "collision operator", choices=tuple(c.value for c in Collision)
     ),
-    "u_ref": CliOption(float, "characteristic velocity (lattice units)"),
+    "u_ref": CliOption(
+        float,
+        "characteristic velocity (lattice units)",
+        cases=tuple(c for c in CASE_INFO if c not in ("capsule", *_AT_REST)),
+    ),
+    "run_times": CliOption(
+        float,
+        "run length without --steps, in convective times D / u_ref",
+        cases=_CYLINDERS,
+    ),
     "radius": CliOption(
         float, "capsule or drop radius (cells)", cases=("capsule", "static_drop")
     ),
@@ -95,7 +182,7 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
     "sigma": CliOption(
         float,
         "surface tension (lattice units)",
-        cases=("static_drop", "capillary_wave"),
+        cases=_AT_REST,
     ),
     "depth": CliOption(
         float,
@@ -109,7 +196,9 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
     ),
     "bo": CliOption(float, "Bond number rho g D^2 / sigma", cases=("drop_impact",)),
     "width": CliOption(
-        float, "box width (drop diameters)", cases=("drop_impact", "raindrop")
+        float,
+        "box width (cells for capsule, else diameters of the drop or cylinder)",
+        cases=("capsule", "cylinder_unconfined", *_IMPACTS),
     ),
     "smagorinsky": CliOption(
         float, "Smagorinsky constant (0: no subgrid model)", cases=_IMPACTS
@@ -124,7 +213,7 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
 
 def case_names() -> tuple[str, ...]:
     """Names accepted by :func:`prepare`."""
-    return tuple(_MODULES)
+    return tuple(CASE_INFO)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -271,14 +360,14 @@ def prepare(
     **options: Any,
 ) -> CaseSetup:
     """Validate the arguments of a case and derive its parameters."""
-    if not isinstance(case, str) or case not in _MODULES:
-        raise ValueError(f"Unknown case {case!r}; expected one of {list(_MODULES)}.")
+    if not isinstance(case, str) or case not in CASE_INFO:
+        raise ValueError(f"Unknown case {case!r}; expected one of {list(CASE_INFO)}.")
     if re is not None:
         re = check_real(re, "re")
         if re <= 0:
             raise ValueError(f"re must be positive, got {re}.")
     policy = resolve_storage(storage, shift)
-    module = importlib.import_module(_MODULES[case])
+    module = importlib.import_module(CASE_INFO[case].module)
     return module.prepare(
         case, n=n, re=re, storage=policy, steps=resolve_steps(steps), options=options
     )

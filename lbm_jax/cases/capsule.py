@@ -167,6 +167,8 @@ def prepare(
     tau = check_tau(opts["tau"], context="tau")
     height = check_int(round(10 * radius) if n is None else n, "n", 4)
     width = height if opts["width"] is None else opts["width"]
+    if isinstance(width, float) and width.is_integer():  # as --width parses it
+        width = int(width)
     opts["width"] = width = check_int(width, "width", 4)
     gap = 2.0 * radius + points + 2
     if height < gap or width < gap:

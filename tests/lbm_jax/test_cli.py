@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from lbm_jax.__main__ import main
+from lbm_jax.cases import CASE_INFO, CASES, CLI_OPTIONS, case_defaults, prepare_case
 
 SUMMARY_KEYS = {"case", "lattice", "storage", "shift", "steps", "u_ref", "mlups"}
 
@@ -58,7 +60,17 @@ def test_cli_run_writes_fields_summary_and_png(
     assert summary["steps"] == int(argv[argv.index("--steps") + 1])
     assert list(out.glob("*.png"))
     assert (out / "fields.vti").stat().st_size > 0
-    assert '"case"' in capsys.readouterr().out
+    # A short summary for people; the full one stays in summary.json.
+    printed = capsys.readouterr().out
+    assert '"case"' not in printed
+    assert len(printed.splitlines()) <= 8
+    n = argv[argv.index("--n") + 1]
+    assert f"--n {n} = {CASE_INFO[argv[0]].n}" in printed
+    assert f"{summary['steps']} steps, storage {summary['storage']}" in printed
+    assert f"full summary: {out / 'summary.json'}" in printed
+    assert f"wrote {out / 'fields.npz'}" in printed
+    for key in metrics & set(CASE_INFO[argv[0]].results):
+        assert f"{key} " in printed
 
 
 def test_cli_no_shift_and_storage_are_recorded(tmp_path):
@@ -120,3 +132,169 @@ def test_cli_as_module_subprocess(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "summary.json").read_text())["steps"] == 3
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_cli_help_shows_every_default(capsys, command):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    options = capsys.readouterr().out.split("options:\n")[1].split("\n\n")[0]
+    entries = re.split(r"\n(?=  -)", options)
+    assert len(entries) > 8
+    for entry in entries:
+        if not entry.lstrip().startswith("-h"):
+            assert "(default: " in " ".join(entry.split()), entry
+
+
+def test_cli_run_help_says_what_n_means_and_the_defaults_per_case(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # undo the wrapping
+    assert "the cylinder diameter for the cylinder cases" in text
+    for case, info in CASE_INFO.items():
+        defaults = case_defaults(case)
+        assert f"{case} --n {defaults['n']} = {info.n}" in text
+        assert f"--steps {defaults['steps']}" in text
+    cylinder = case_defaults("cylinder")
+    assert cylinder["n"] == prepare_case("cylinder").n == 20
+    assert "--re 100, --collision bgk, --u-ref 0.05, --run-times 60" in text
+    assert "--lattice LATTICE lattice (D2Q9, D3Q19, D3Q27;" in text
+
+
+def test_cli_bench_help_lists_the_lattices(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert "D2Q9, D3Q19, D3Q27 (default: D3Q19" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cli_options_name_exactly_the_cases_that_take_them(case):
+    def refused(**kwargs):
+        try:
+            prepare_case(case, **kwargs)
+        except (ValueError, TypeError) as err:
+            return "Unknown option" in str(err) or "takes no Reynolds" in str(err)
+        return False
+
+    assert refused(re=50.0) is not CASE_INFO[case].re
+    for name, option in CLI_OPTIONS.items():
+        value = option.choices[0] if option.choices else option.type(8)
+        assert refused(**{name: value}) is (case not in option.cases), name
+
+
+def test_cli_cavity_runs_on_d3q27(tmp_path):
+    out = tmp_path / "q27"
+    argv = ["run", "cavity", "--lattice", "D3Q27", "--n", "8", "--steps", "4"]
+    assert main([*argv, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lattice"] == "D3Q27" and summary["steps"] == 4
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # the force is sampled every 3 steps, the amplitude every 2
+        ["cylinder", "--n", "8", "--u-ref", "0.1", "--steps", "50"],
+        ["taylor_green", "--n", "8", "--steps", "45"],
+        ["cylinder", "--n", "8", "--u-ref", "0.1", "--steps", "50"]
+        + ["--checkpoint-every", "7", "--progress"],
+    ],
+)
+def test_cli_runs_exactly_the_steps_asked_for(tmp_path, argv):
+    out = tmp_path / "o"
+    assert main(["run", *argv, "--out", str(out)]) == 0
+    steps = int(argv[argv.index("--steps") + 1])
+    assert json.loads((out / "summary.json").read_text())["steps"] == steps
+    with np.load(out / "fields.npz") as data:
+        sampled = data["t"]
+    assert sampled[-1] <= steps and steps % sampled[1] != 0  # a partial interval
+
+
+def test_cli_warns_when_a_cylinder_run_is_too_short_for_strouhal(tmp_path, capsys):
+    out = tmp_path / "short"
+    argv = ["cylinder", "--n", "4", "--u-ref", "0.1", "--steps", "40"]
+    assert main(["run", *argv, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strouhal"] is None
+    (warning,) = summary["warnings"]
+    assert "too short to measure the Strouhal number" in warning
+    needed = prepare_case("cylinder", n=4, u_ref=0.1).steps  # the default length
+    captured = capsys.readouterr()
+    assert "warning: run too short to measure the Strouhal number" in captured.err
+    assert f"give --steps {needed}, or --run-times 60" in captured.err
+    assert "warnings: 1" in captured.out
+
+
+def test_cli_summary_has_no_warnings_when_nothing_is_missing(tmp_path):
+    out = tmp_path / "tg"
+    assert (
+        main(["run", "taylor_green", "--n", "8", "--steps", "5", "--out", str(out)])
+        == 0
+    )
+    assert json.loads((out / "summary.json").read_text())["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["cylinder", "--radius", "3"], "Unknown option --radius for case 'cylinder'"),
+        (["cylinder", "--u-ref", "0.3"], "peak inflow speed 1.5 --u-ref reaches"),
+        (["cylinder", "--u-ref", "-1"], "--u-ref (the mean inflow speed) must be"),
+        (["cylinder", "--re", "1e6"], "--re 1e+06 with --n 20, --u-ref 0.05 gives"),
+        (["cylinder", "--run-times", "0"], "--run-times must be positive"),
+        (
+            ["cylinder_unconfined", "--width", "1"],
+            "--width must be above 2 + 2 |offset| = 2.2",
+        ),
+        (["cylinder", "--n", "3"], "--n must be at least 4"),
+        (["capsule", "--skalak-c", "-1"], "--skalak-c must be non-negative"),
+        (["capsule", "--width", "3"], "--width must be at least 4, got 3"),
+        (["capsule", "--ca", "1e-6"], "Raise --ca or lower --re"),
+        (["static_drop", "--re", "5"], "Unknown option --re for case 'static_drop'"),
+        (["taylor_green", "--u-ref", "0.5"], "vortex velocity --u-ref reaches"),
+    ],
+)
+def test_cli_errors_name_flags_as_typed(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", *argv, "--out", str(tmp_path / "x")])
+    assert exc.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert message in error
+    # no parameter names (u_ref, samples_per_time) outside quoted case names
+    unquoted = re.sub(r"'[^']*'", "", error)
+    symbols = {"lbm_jax", "gamma_dot"}  # the program and the shear rate
+    assert set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", unquoted)) <= symbols
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--all", "--n", "64"], "--n cannot be combined with --all"),
+        (["--all", "--storage", "fp16s"], "--storage cannot be combined with --all"),
+        (["--all", "--lattice", "D2Q9"], "--lattice cannot be combined with --all"),
+        (["--devices", "1", "--rounds", "2"], "--devices applies to a single run"),
+        (["--storage", "fp32,fp16s", "--devices", "1"], "--devices applies to a"),
+    ],
+)
+def test_cli_bench_refuses_flags_a_mode_cannot_use(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp32,fp16s"])
+def test_cli_bench_collision_and_rounds_apply_in_every_mode(tmp_path, storage):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--lattice", "D2Q9", "--n", "16", "--steps", "2"]
+    argv += ["--repeats", "1", "--storage", storage, "--collision", "trt"]
+    assert main([*argv, "--rounds", "2", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["rounds"] == 2
+    assert len(report["results"]) == len(storage.split(","))
+    for result in report["results"]:
+        assert result["collision"] == "trt"
+        assert len(result["mlups_rounds"]) == 2
