@@ -13,9 +13,10 @@ finishes, then the wall time of every pipeline, and writes ``summary.json`` and
 ``REPORT.md`` next to the per-pipeline directories. ``--quick`` (the default) fits a
 2-core CPU in about ten minutes; ``--full`` runs paper-scale settings meant for a GPU.
 
-Results go to ``experiments/results/<pipeline>/`` (``--out`` to write elsewhere). Each
-run writes into a fresh temporary directory that replaces the old one when the pipeline
-finishes; the previous run is kept as ``<pipeline>.prev``. The exit status is 0 when
+Results go to ``results/<pipeline>/`` in the current directory (``--out`` to write
+elsewhere; the notebooks use the same default). Each run writes into a fresh
+temporary directory that replaces the old one when the pipeline finishes; the
+previous run is kept as ``<pipeline>.prev``. The exit status is 0 when
 every check of every pipeline passed, 1 otherwise (results are written either way),
 and 2 for a usage error.
 """
@@ -58,8 +59,7 @@ def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=_framework.DEFAULT_RESULTS_DIR,
-        help="parent directory of the result directories "
-        "(default: experiments/results)",
+        help="parent directory of the result directories (default: ./results)",
     )
     parser.add_argument("--seed", type=int, default=0, help="base random seed")
     parser.add_argument(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from experiments._report import new_figure, save_figure
+from lbm_jax._plot import VORTICITY_LABEL, vorticity_image
 from lbm_jax.cases.cavity import centre_lines
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "build_cylinder_figure",
     "build_error_figure",
     "build_taylor_green_figure",
+    "build_vorticity_figure",
     "cavity_figure",
     "cylinder_figure",
     "distinct_colours",
@@ -33,6 +35,7 @@ __all__ = [
     "metric",
     "taylor_green_figure",
     "STROUHAL_RANGE",
+    "vorticity_figure",
     "width_figure",
 ]
 
@@ -252,6 +255,48 @@ def cylinder_figure(
 ) -> Path:
     """Write :func:`build_cylinder_figure` to ``out/<case>.png``."""
     return save_figure(build_cylinder_figure(records, case=case), out / f"{case}.png")
+
+
+def build_vorticity_figure(
+    records: list[dict[str, Any]], *, case: str = "cylinder"
+) -> Any:
+    """The final vorticity of every stable run, the cylinder drawn, one colour scale.
+
+    Drawn by :func:`lbm_jax._plot.vorticity_image`: lattice units (1 / time step),
+    axes in cells, the colour range set by the first run. The cylinder comes from
+    the ``body`` mask the case writes (``history["body"]``). Runs without a velocity
+    field (unstable ones) are left out.
+    """
+    shown = [r for r in records if r["stable"] and r.get("fields") is not None]
+    if not shown:
+        raise ValueError(
+            f"No stable {case} run with a velocity field among {len(records)} "
+            "records; the vorticity figure needs at least one."
+        )
+    cols = min(2, len(shown))
+    rows = -(-len(shown) // cols)
+    nx, ny = np.shape(shown[0]["fields"]["u"])[1:3]
+    fig, axes = new_figure(rows, cols, size=(5.0, 5.0 * ny / nx + 0.6))
+    limit = image = None
+    for ax, r in zip(axes.flat, shown, strict=False):
+        body = r.get("history", {}).get("body")
+        image = vorticity_image(ax, r["fields"]["u"], solid=body, limit=limit)
+        limit = image.get_clim()[1]
+        ax.set_title(f"{r['label']}, step {r['summary'].get('steps', '?')}")
+    for ax in axes.flat[len(shown) :]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes, label=VORTICITY_LABEL, shrink=0.8)
+    fig.suptitle(f"{CASE_NAMES[case]}: final vorticity")
+    return fig
+
+
+def vorticity_figure(
+    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
+) -> Path:
+    """Write :func:`build_vorticity_figure` to ``out/<case>_vorticity.png``."""
+    return save_figure(
+        build_vorticity_figure(records, case=case), out / f"{case}_vorticity.png"
+    )
 
 
 def distinct_colours(n: int) -> list[Any]:

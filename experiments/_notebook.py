@@ -1,11 +1,23 @@
 """Helpers for the notebooks in ``experiments/notebooks/``.
 
-The notebooks call the same framework functions as the command line. Two environment
-variables adapt them without editing: ``MPJAX_EXPERIMENTS_OUT`` (parent directory of
-the result directories; default ``experiments/results``) and
+The notebooks call the same framework functions as the command line and write to
+the same place: ``results/<pipeline>/`` under the current working directory (for a
+notebook, the directory of the ``.ipynb`` file), replacing the previous run there
+and keeping it as ``<pipeline>.prev``. Two environment variables adapt them without
+editing: ``MPJAX_EXPERIMENTS_OUT`` (parent directory of the result directories) and
 ``MPJAX_EXPERIMENTS_FULL=1`` (paper-scale settings instead of quick ones); tests set
 ``MPJAX_EXPERIMENTS_SCALE=tiny`` as well (see
 :func:`experiments._framework.resolve_scale`).
+
+Running a notebook needs the ``dev`` extra (jupytext, nbclient, ipykernel). Convert
+it next to where the results should go, then execute it with nbclient's
+``jupyter execute``::
+
+    jupytext --to ipynb -o lbm_accuracy.ipynb experiments/notebooks/lbm_accuracy.py
+    jupyter execute --inplace lbm_accuracy.ipynb   # results in ./results/lbm_accuracy
+
+or open the ``.ipynb`` in Jupyter. Converted ``.ipynb`` files and ``results/`` are
+ignored by git.
 """
 
 from __future__ import annotations

@@ -29,12 +29,14 @@ __all__ = [
     "oscillation_figure",
     "surface_figure",
     "deformation_figure",
+    "VORTICITY_LABEL",
     "plane",
     "save_figure",
     "streamlines_figure",
     "velocity_magnitude_figure",
     "vorticity_2d",
     "vorticity_figure",
+    "vorticity_image",
 ]
 
 
@@ -63,11 +65,59 @@ def vorticity_2d(u: Any) -> np.ndarray:
     return np.gradient(uy, axis=0) - np.gradient(ux, axis=1)
 
 
-def _image(fig: Figure, data: np.ndarray, *, title: str, label: str, **kw: Any):
-    ax = fig.add_subplot()
+#: Colour-bar labels of the flow fields, in lattice units (cells and time steps).
+VELOCITY_LABEL = "velocity |u| (cells/time step)"
+VORTICITY_LABEL = "vorticity ω_z (1/time step)"
+
+
+def _draw_solid(ax: Any, mask: np.ndarray) -> None:
+    """Fill solid cells grey and outline them in black (cell (i, j) at (i, j))."""
+    if not mask.any():
+        return
+    ax.imshow(
+        np.ma.masked_where(~mask.T, np.ones(mask.T.shape)),
+        origin="lower",
+        interpolation="nearest",
+        cmap="Greys",
+        vmin=0.0,
+        vmax=2.0,
+    )
+    ax.contour(mask.T.astype(np.float64), levels=[0.5], colors="black", linewidths=1)
+
+
+def _solid_mask(solid: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    if solid is None:
+        return None
+    mask = np.asarray(solid, dtype=bool)
+    if mask.shape != tuple(shape):
+        raise ValueError(
+            f"solid mask has shape {mask.shape}; expected the field's plane "
+            f"{tuple(shape)} (for a 3-D field, the mask of its z mid-plane)."
+        )
+    return mask
+
+
+def _field_image(ax: Any, data: np.ndarray, solid: np.ndarray | None, **kw: Any):
+    """``data`` (X, Y) as an image on ``ax``, axes in cells, solid cells drawn."""
     im = ax.imshow(data.T, origin="lower", interpolation="nearest", **kw)
-    ax.set_xlabel("x (lattice units)")
-    ax.set_ylabel("y (lattice units)")
+    if solid is not None:
+        _draw_solid(ax, solid)
+    ax.set_xlabel("x (cells)")
+    ax.set_ylabel("y (cells)")
+    return im
+
+
+def _image(
+    fig: Figure,
+    data: np.ndarray,
+    *,
+    title: str,
+    label: str,
+    solid: np.ndarray | None = None,
+    **kw: Any,
+):
+    ax = fig.add_subplot()
+    im = _field_image(ax, data, solid, **kw)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label=label, shrink=0.8)
     return ax
@@ -81,20 +131,79 @@ def _figure(shape: tuple[int, int]) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def velocity_magnitude_figure(u: Any, *, title: str = "|u|") -> Figure:
-    """Figure of the velocity magnitude |u| (lattice units)."""
+def velocity_magnitude_figure(
+    u: Any, *, title: str = "|u|", solid: Any = None
+) -> Figure:
+    """Figure of the velocity magnitude |u| in lattice units (cells per time step).
+
+    Args:
+        u: Velocity ``(2, X, Y)`` or ``(3, X, Y, Z)`` (shown at the z mid-plane).
+        title: Figure title.
+        solid: Optional boolean mask ``(X, Y)`` of solid cells, drawn grey with a
+            black outline (e.g. a cylinder).
+    """
     uv = plane(u)
     fig = _figure(uv.shape[1:])
-    _image(fig, np.hypot(uv[0], uv[1]), title=title, label="|u|", cmap="viridis")
+    _image(
+        fig,
+        np.hypot(uv[0], uv[1]),
+        title=title,
+        label=VELOCITY_LABEL,
+        solid=_solid_mask(solid, uv.shape[1:]),
+        cmap="viridis",
+    )
     return fig
 
 
-def vorticity_figure(u: Any, *, title: str = "vorticity") -> Figure:
-    """Figure of the z-vorticity with a symmetric diverging colour map."""
+def vorticity_image(
+    ax: Any, u: Any, *, solid: Any = None, limit: float | None = None
+) -> Any:
+    """Draw the z-vorticity of ``u`` on ``ax`` in lattice units (1 / time step).
+
+    A symmetric diverging colour map over ``[-limit, limit]``, axes in cells, solid
+    cells grey with a black outline. The default ``limit`` is the 99th percentile of
+    |vorticity| over the fluid cells, so a wake stays visible next to the peaks at
+    a wall. Label a colour bar of the returned image with :data:`VORTICITY_LABEL`.
+
+    Args:
+        ax: Matplotlib axes.
+        u: Velocity ``(2, X, Y)`` or ``(3, X, Y, Z)`` (shown at the z mid-plane).
+        solid: Optional boolean mask ``(X, Y)`` of solid cells (e.g. a cylinder).
+        limit: Colour range; pass one value to compare several panels (e.g. the
+            first panel's ``image.get_clim()[1]``).
+
+    Returns:
+        The image (a :class:`matplotlib.image.AxesImage`).
+    """
     w = vorticity_2d(u)
-    lim = float(np.nanmax(np.abs(w))) or 1.0
-    fig = _figure(w.shape)
-    _image(fig, w, title=title, label="omega_z", cmap="RdBu_r", vmin=-lim, vmax=lim)
+    mask = _solid_mask(solid, w.shape)
+    if limit is None:
+        fluid = np.abs(w if mask is None else w[~mask])
+        fluid = fluid[np.isfinite(fluid)]
+        limit = float(np.percentile(fluid, 99)) if fluid.size else 0.0
+        limit = limit or 1.0
+    return _field_image(ax, w, mask, cmap="RdBu_r", vmin=-limit, vmax=limit)
+
+
+def vorticity_figure(
+    u: Any, *, title: str = "vorticity", solid: Any = None, limit: float | None = None
+) -> Figure:
+    """Figure of the z-vorticity in lattice units (1 / time step); see
+    :func:`vorticity_image`. Multiply by ``D / U`` (cells, cells per time step) for
+    the non-dimensional vorticity.
+
+    >>> import numpy as np
+    >>> solid = np.zeros((8, 6), bool)
+    >>> solid[3:5, 2:4] = True
+    >>> fig = vorticity_figure(np.zeros((2, 8, 6)), solid=solid)
+    >>> fig.axes[1].get_ylabel()
+    'vorticity ω_z (1/time step)'
+    """
+    fig = _figure(plane(u).shape[1:])
+    ax = fig.add_subplot()
+    im = vorticity_image(ax, u, solid=solid, limit=limit)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=VORTICITY_LABEL, shrink=0.8)
     return fig
 
 
@@ -103,7 +212,9 @@ def streamlines_figure(u: Any, *, title: str = "streamlines") -> Figure:
     uv = plane(u)
     nx, ny = uv.shape[1:]
     fig = _figure((nx, ny))
-    ax = _image(fig, np.hypot(uv[0], uv[1]), title=title, label="|u|", cmap="Greys")
+    ax = _image(
+        fig, np.hypot(uv[0], uv[1]), title=title, label=VELOCITY_LABEL, cmap="Greys"
+    )
     x = np.arange(nx, dtype=np.float64)
     y = np.arange(ny, dtype=np.float64)
     if nx >= 2 and ny >= 2:
@@ -178,12 +289,12 @@ def capsule_snapshot_figure(
         fig,
         section,
         title=title,
-        label="u_x (lattice units)",
+        label="u_x (cells/time step)",
         cmap="RdBu_r",
         vmin=-lim,
         vmax=lim,
     )
-    ax.set_ylabel("z (lattice units)")
+    ax.set_ylabel("z (cells)")
     # edges that cross the plane y = centre[1], as segments of the outline
     tri = x[np.asarray(faces)]
     side = tri[..., 1] - centre[1]

@@ -19,9 +19,15 @@
 # wrapper): speed, memory and accuracy against float32. The same code runs as
 # `python -m experiments amp`.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/amp/` in the directory the notebook runs in, as for the command
+# line (the previous run is kept as `amp.prev`). `MPJAX_EXPERIMENTS_OUT=<dir>` writes
+# them to `<dir>/amp/` instead; `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a
+# GPU). To run the notebook outside Jupyter (needs the `dev` extra), from the directory
+# for the results:
+#
+#     jupytext --to ipynb -o amp.ipynb \
+#         <repo>/experiments/notebooks/amp.py
+#     jupyter execute --inplace amp.ipynb
 
 # %%
 import json

@@ -18,9 +18,15 @@
 # decimal digits) and its rounding error over a range of magnitudes. The same code
 # runs as `python -m experiments formats`.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/formats/` in the directory the notebook runs in, as for the
+# command line (the previous run is kept as `formats.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/formats/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o formats.ipynb \
+#         <repo>/experiments/notebooks/formats.py
+#     jupyter execute --inplace formats.ipynb
 
 # %%
 import json

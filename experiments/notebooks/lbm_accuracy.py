@@ -17,11 +17,20 @@
 # Poiseuille flow, Taylor-Green decay, the lid-driven cavity (against Ghia et al. 1982)
 # and the Karman vortex street, for every storage policy of Lehmann et al. (2022), with
 # and without DDF-shifting: errors against the analytic or published reference and
-# against the FP64/FP64 run. The same code runs as `python -m experiments lbm_accuracy`.
+# against the reference run (FP64/FP64, or FP32/FP32 where a case has no FP64 run; the
+# vortex-shedding cylinders by Strouhal number, drag and lift, since their shedding
+# phase drifts between number formats). The same code runs as
+# `python -m experiments lbm_accuracy`.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/lbm_accuracy/` in the directory the notebook runs in, as for
+# the command line (the previous run is kept as `lbm_accuracy.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/lbm_accuracy/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o lbm_accuracy.ipynb \
+#         <repo>/experiments/notebooks/lbm_accuracy.py
+#     jupyter execute --inplace lbm_accuracy.ipynb
 
 # %%
 import json

@@ -20,9 +20,15 @@
 # and the cost of the immersed-boundary part of a step. The same code runs as
 # `python -m experiments lbm_capsule`; `--full` runs the benchmark's sizes.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/lbm_capsule/` in the directory the notebook runs in, as for the
+# command line (the previous run is kept as `lbm_capsule.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/lbm_capsule/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o lbm_capsule.ipynb \
+#         <repo>/experiments/notebooks/lbm_capsule.py
+#     jupyter execute --inplace lbm_capsule.ipynb
 
 # %%
 import json

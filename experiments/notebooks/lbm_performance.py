@@ -19,9 +19,15 @@
 # run. The same code runs as `python -m experiments lbm_performance`; with `--full` on a
 # GPU it is compared with FluidX3D's published H200 figures.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/lbm_performance/` in the directory the notebook runs in, as for
+# the command line (the previous run is kept as `lbm_performance.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/lbm_performance/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o lbm_performance.ipynb \
+#         <repo>/experiments/notebooks/lbm_performance.py
+#     jupyter execute --inplace lbm_performance.ipynb
 
 # %%
 import json

@@ -21,9 +21,15 @@
 # against Lamb's normal mode). The same code runs as
 # `python -m experiments lbm_raindrop`; `--full` runs the paper's resolution.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/lbm_raindrop/` in the directory the notebook runs in, as for
+# the command line (the previous run is kept as `lbm_raindrop.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/lbm_raindrop/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o lbm_raindrop.ipynb \
+#         <repo>/experiments/notebooks/lbm_raindrop.py
+#     jupyter execute --inplace lbm_raindrop.ipynb
 
 # %%
 import json

@@ -20,9 +20,15 @@
 # XLA upcasts 16-bit matrix products to float32, so expect memory savings, not
 # speed-ups; those appear on tensor-core GPUs.
 #
-# Environment variables: `MPJAX_EXPERIMENTS_FULL=1` for paper-scale settings (a GPU),
-# `MPJAX_EXPERIMENTS_OUT=<dir>` to write the results somewhere other than
-# `experiments/results/`.
+# Results go to `results/mixed_precision_bench/` in the directory the notebook runs in,
+# as for the command line (the previous run is kept as `mixed_precision_bench.prev`).
+# `MPJAX_EXPERIMENTS_OUT=<dir>` writes them to `<dir>/mixed_precision_bench/` instead;
+# `MPJAX_EXPERIMENTS_FULL=1` runs paper-scale settings (a GPU). To run the notebook
+# outside Jupyter (needs the `dev` extra), from the directory for the results:
+#
+#     jupytext --to ipynb -o mixed_precision_bench.ipynb \
+#         <repo>/experiments/notebooks/mixed_precision_bench.py
+#     jupyter execute --inplace mixed_precision_bench.ipynb
 
 # %%
 import json

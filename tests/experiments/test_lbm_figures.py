@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from matplotlib.colors import to_rgba
 
 from experiments import _lbm_figures
@@ -180,3 +181,70 @@ def test_free_surface_figures_labelled_with_legends_and_one_colour_per_format():
         assert difference[label] == crown[label], label
     for label in labels:
         assert two_d[label] == crown[label], label
+
+
+def _cylinder_flow(nx=60, ny=40, d=8.0, phase=0.0):
+    """A shedding-like velocity around a disc of diameter ``d`` and its mask."""
+    x, y = np.meshgrid(np.arange(nx), np.arange(ny), indexing="ij")
+    body = (x - 15.0) ** 2 + (y - ny / 2) ** 2 <= (d / 2) ** 2
+    u = np.stack(
+        [0.05 + 0.01 * np.sin(0.3 * x + phase), 0.01 * np.cos(0.2 * x - 0.1 * y)]
+    )
+    return u * ~body, body
+
+
+def _outlines(ax):
+    """Contour lines drawn on ``ax`` (the solid's outline)."""
+    from matplotlib.contour import ContourSet
+
+    return [c for c in ax.collections if isinstance(c, ContourSet)]
+
+
+def _units_in_colour_bar(fig):
+    bars = [a for a in fig.axes if a.get_label() == "<colorbar>"]
+    return bars and all("1/time step" in bar.get_ylabel() for bar in bars)
+
+
+def test_vorticity_figure_draws_the_cylinder_with_units():
+    from lbm_jax import _plot
+
+    u, body = _cylinder_flow()
+    fig = _plot.vorticity_figure(u, solid=body)
+    ax = _panels(fig)[0]
+    assert len(_outlines(ax)) == 1, "the cylinder's outline"
+    assert _units_in_colour_bar(fig)
+    assert ax.get_xlabel() == "x (cells)" and ax.get_ylabel() == "y (cells)"
+    # The colour range follows the fluid, not the zero velocity inside the body.
+    low, high = ax.images[0].get_clim()
+    assert low == -high and high > 0
+    plain = _plot.vorticity_figure(u)
+    assert not _outlines(_panels(plain)[0]) and _units_in_colour_bar(plain)
+    with pytest.raises(ValueError, match="solid mask has shape"):
+        _plot.vorticity_figure(u, solid=body[:-1])
+
+
+def test_cylinder_vorticity_figure_one_scale_cylinder_in_every_panel():
+    records = []
+    for i, (storage, shift) in enumerate((("fp32", True), ("fp16s", True))):
+        u, body = _cylinder_flow(phase=float(i))
+        records.append(
+            {
+                "label": storage_label(storage, shift),
+                "stable": True,
+                "summary": {"steps": 1000},
+                "fields": {"u": u},
+                "history": {"body": body},
+            }
+        )
+    records.append({"label": "FP32/FP16 -", "stable": False, "fields": None})
+    fig = _lbm_figures.build_vorticity_figure(records, case="cylinder_unconfined")
+    panels = _panels(fig)
+    assert [ax.get_title().split(",")[0] for ax in panels] == [
+        r["label"] for r in records[:2]
+    ], "unstable runs are left out"
+    for ax in panels:
+        assert len(_outlines(ax)) == 1, ax.get_title()
+        assert ax.get_xlabel() == "x (cells)" and ax.get_ylabel() == "y (cells)"
+    assert len({ax.images[0].get_clim() for ax in panels}) == 1, "one colour scale"
+    assert _units_in_colour_bar(fig)
+    assert "Karman" in fig.get_suptitle()

@@ -6,6 +6,7 @@ command line does) under strict dtype promotion; the tests inspect what it wrote
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -86,6 +87,116 @@ def test_lbm_accuracy_checks_detect_wrong_ordering():
     unstable = [*good[:2], {**rec("fp16s", True, math.inf), "stable": False}]
     checks = lbm_accuracy.evaluate_checks(unstable, good, [], [], settings)
     assert checks["poiseuille_shifted_16bit_finite"] is False
+
+
+def _shedding_record(storage, shift, *, phase=0.0, stable=True, **summary):
+    """An unconfined-cylinder run: shedding statistics and a velocity field whose
+    street is shifted by ``phase`` (a phase drift, not an error)."""
+    x = np.arange(32.0)[:, None] * np.ones((1, 16))
+    u = np.stack([0.1 + 0.02 * np.sin(0.5 * x + phase), 0.02 * np.cos(0.5 * x + phase)])
+    stats = {"strouhal": 0.165, "cd_mean": 1.35, "cl_amplitude": 0.33, **summary}
+    return {
+        "storage": lbm_jax.get_storage(storage).name,
+        "shift": shift,
+        "label": lbm_accuracy.storage_label(storage, shift),
+        "stable": stable,
+        "summary": stats if stable else {},
+        "fields": {"u": u, "rho": np.ones((32, 16))} if stable else None,
+    }
+
+
+def test_lbm_accuracy_cylinder_compared_by_shedding_statistics_with_fp32():
+    case = "cylinder_unconfined"
+    fp32 = _shedding_record("fp32", True)
+    fp16s = _shedding_record("fp16s", True, phase=2.0, strouhal=0.1667, cd_mean=1.35)
+    records = [fp32, fp16s]
+    lbm_accuracy.compare_runs(case, records)
+    assert [r["reference"] for r in records] == ["FP32/FP32"] * 2
+    assert not any("err_vs_fp64" in r for r in records), "no field L2 for a street"
+    assert fp32["strouhal_vs_ref"] == 0.0
+    assert np.isclose(fp16s["strouhal_vs_ref"], 0.1667 / 0.165 - 1.0)
+    assert fp16s["cd_mean_vs_ref"] == 0.0 and fp16s["cl_amplitude_vs_ref"] == 0.0
+    header = lbm_accuracy.shedding_table(case, records).splitlines()[0]
+    for column in ("St", "c_d mean", "c_l amplitude"):
+        assert f"| {column} vs FP32/FP32 |" in header, header
+    assert "L2" not in header and "FP64" not in header
+    # With an FP64 run, that run is the reference, and the headers say so.
+    with_fp64 = [_shedding_record("fp64", True), *records]
+    lbm_accuracy.compare_runs(case, with_fp64)
+    assert "St vs FP64/FP64" in lbm_accuracy.shedding_table(case, with_fp64)
+
+
+def test_lbm_accuracy_shedding_checks_use_the_statistics():
+    settings = dataclasses.replace(
+        lbm_accuracy.settings_for("quick"), runs=(("fp32", True), ("fp16s", True))
+    )
+    assert ("fp16s", True) in settings.unconfined_runs
+    name = "unconfined_shifted_16bit_shedding_matches_reference"
+    field = [_shedding_record("fp32", True), _shedding_record("fp16s", True)]
+    for r in field:
+        r["summary"]["l2_error"] = 1e-3
+    lbm_accuracy.compare_runs("poiseuille", field)
+
+    def checks(*fp16s):
+        records = [_shedding_record("fp32", True), *fp16s]
+        lbm_accuracy.compare_runs("cylinder_unconfined", records)
+        return lbm_accuracy.evaluate_checks(
+            field, field, [], [], settings, unconfined=records
+        )
+
+    phase_shifted = _shedding_record("fp16s", True, phase=3.0, cd_mean=1.36)
+    assert checks(phase_shifted)[name], "a phase drift alone passes"
+    assert checks(phase_shifted)["unconfined_fp32_strouhal_within_10pct"]
+    assert not checks(_shedding_record("fp16s", True, strouhal=0.175))[name]
+    assert not checks(_shedding_record("fp16s", True, cl_amplitude=0.0))[name]
+    assert not checks(_shedding_record("fp16s", True, stable=False))[name]
+    assert not checks()[name], "a planned run that is missing fails"
+
+
+@pytest.mark.slow
+def test_lbm_accuracy_report_compares_the_street_by_its_statistics(
+    tmp_path, monkeypatch
+):
+    runs = (("fp32", True), ("fp16s", True))
+    small = lbm_accuracy.Settings(
+        poiseuille_n=8,
+        poiseuille_steps=100,
+        widths=(8,),
+        width_runs=runs[:1],
+        taylor_green_n=8,
+        taylor_green_steps=50,
+        cavity_n=8,
+        cavity_re=(),
+        cavity_steps=None,
+        cavity_runs=(),
+        cylinder_n=None,
+        cylinder_steps=None,
+        cylinder_runs=(),
+        unconfined_n=6,
+        unconfined_runs=runs,
+        unconfined_options=(
+            ("u_ref", 0.1),
+            ("run_times", 30.0),
+            ("length", 12.0),
+            ("width", 8.0),
+            ("length_front", 3.0),
+            ("offset", 0.13),
+        ),
+        runs=runs,
+    )
+    monkeypatch.setattr(lbm_accuracy, "settings_for", lambda scale: small)
+    result = lbm_accuracy.run(tmp_path, scale="tiny")
+    report = (tmp_path / "REPORT.md").read_text()
+    assert " ".join(lbm_accuracy.SHEDDING_NOTE.split()) in " ".join(report.split())
+    assert "| St vs FP32/FP32 | c_d mean vs FP32/FP32 |" in report
+    assert "L2 vs FP64" not in report
+    assert "![cylinder_unconfined_vorticity](cylinder_unconfined_vorticity.png)" in (
+        report
+    )
+    assert (tmp_path / "cylinder_unconfined_vorticity.png").stat().st_size > 0
+    assert result["checks"]["unconfined_shifted_16bit_shedding_matches_reference"]
+    fp16s = result["records"]["cylinder_unconfined"][1]
+    assert fp16s["reference"] == "FP32/FP32" and "err_vs_fp64" not in fp16s
 
 
 def test_ghia_table_is_read_by_column():

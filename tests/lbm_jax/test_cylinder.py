@@ -84,3 +84,23 @@ def test_unconfined_karman_street_strouhal():
     assert s["periods"] >= 4
     assert 0.15 < s["strouhal"] < 0.19
     assert 1.2 < s["cd_mean"] < 1.6
+
+
+def test_case_figures_draw_the_cylinder(tmp_path, monkeypatch):
+    import lbm_jax._plot as plot
+
+    seen = {}
+    for name in ("vorticity_figure", "velocity_magnitude_figure"):
+        original = getattr(plot, name)
+
+        def recording(u, *, original=original, name=name, **kwargs):
+            seen[name] = kwargs.get("solid")
+            return original(u, **kwargs)
+
+        monkeypatch.setattr(plot, name, recording)
+    res = run_case("cylinder", n=6, u_ref=0.1, steps=20, out_dir=tmp_path)
+    assert (tmp_path / "vorticity.png").is_file()
+    body = np.load(tmp_path / "fields.npz")["body"]
+    assert body.sum() > 20 and res.fields["u"].shape[1:] == body.shape
+    for name in ("vorticity_figure", "velocity_magnitude_figure"):
+        assert np.array_equal(seen[name], body), name
