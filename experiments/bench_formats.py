@@ -1,20 +1,31 @@
-"""Encode + decode throughput of every number format against a plain copy.
+"""Encode + decode throughput of every number format against a bandwidth-bound copy.
 
 For each registered format (float64 only with x64 enabled), the benchmark times
-`fmt.encode` of an `n`-element float32 array and `fmt.decode` of the result, and a
-jitted float32 copy of the same array, all in the same process. Measurements are
-interleaved round-robin (one repeat of every variant per round, after a warm-up
-call that compiles), each call ends in `block_until_ready`, and the reported time is
-the median over the rounds. The ratio `(encode + decode) / copy` is the headline,
+`fmt.encode` of an `n`-element float32 array and `fmt.decode` of the result, each
+compiled with its output written into a donated buffer of the right shape and dtype
+(as inside a jitted solver step that updates its state in place), so that neither
+side pays for allocating and page-faulting a fresh output array. The baseline is the
+STREAM copy of `lbm_jax.bench.stream_bandwidths` (``b[:] = a`` into a preallocated
+array of the same size, at least 1 MiB), measured in the same run: every round runs
+the copy once and then each codec once (after a warm-up call that compiles), each
+call ending in `block_until_ready`. The headline ratio `(encode + decode) / copy` is
 taken within each round and then the median over rounds (robust against load that
-drifts between rounds; the ratio of the median times is reported alongside):
-a copy reads and writes 4 bytes per value, encode + decode of a 16-bit format
-moves 4 + 2 + 2 + 4 bytes, so 1.5x is the memory-bound floor for 16 bits once the
-arrays are much larger than the caches (as at the default 2**26 values).
+drifts between rounds; the ratio of the median times is reported alongside), and the
+copy bandwidth of every round is reported.
 
-Targets (issue #2, a 2-core AVX2/F16C CPU): float16 and fp16s within 2x of the
-copy; fp16c and the posits within 6x. The command exits with status 1 when a
-format misses its target.
+A copy reads and writes 4 bytes per value; encode + decode of a `b`-byte format
+moves 4 + b + b + 4 bytes, so `1 + b / 4` (1.5x for 16 bits) is the memory-bound
+floor of the ratio once the arrays are much larger than the caches (as at the
+default 2**26 values). The copy runs on one thread, the codecs on every core XLA
+uses: where one core cannot saturate the memory bus, a codec can come out below the
+floor.
+
+Targets (issue #2, a 2-core AVX2/F16C CPU), restated against this baseline: the
+16-bit minifloats float16, fp16s and fp16c within 3x of the copy (at least half the
+memory-bound speed), the posits within 6x (a quarter). The issue's 2x and 6x were
+met against a copy that allocated its output and ran at 3-5 GB/s, several times
+below the bandwidth; these are the targets the codecs are held to now. The command
+exits with status 1 when a format misses its target.
 
 Run ``python -m experiments.bench_formats [--log2n 26] [--repeats 5] [--json FILE]``.
 """
@@ -35,15 +46,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lbm_jax.bench import stream_bandwidths
 from mpjax import formats
 
-__all__ = ["TARGETS", "bench", "main", "table"]
+__all__ = ["BASELINE", "TARGETS", "bench", "in_place", "main", "table"]
 
-#: Largest acceptable (encode + decode) / copy time ratio per format.
+#: What the codec times are divided by.
+BASELINE = (
+    "STREAM copy b[:] = a into a preallocated float32 array "
+    "(lbm_jax.bench.stream_bandwidths)"
+)
+
+#: Largest acceptable (encode + decode) / copy time ratio per format, against the
+#: bandwidth-bound copy of `BASELINE`.
 TARGETS: dict[str, float] = {
-    "float16": 2.0,
-    "fp16s": 2.0,
-    "fp16c": 6.0,
+    "float16": 3.0,
+    "fp16s": 3.0,
+    "fp16c": 3.0,
     "posit16": 6.0,
     "posit16_es2": 6.0,
 }
@@ -53,6 +72,38 @@ def _time(fn: Callable[[], jax.Array]) -> float:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
+
+
+def in_place(
+    fmt: formats.NumberFormat, x: jax.Array
+) -> tuple[Callable[[], jax.Array], Callable[[], jax.Array]]:
+    """Encode of `x` and decode of its codes, each into a donated output buffer.
+
+    Args:
+        fmt: the number format.
+        x: the float array to encode.
+
+    Returns:
+        ``(run_encode, run_decode)``: callables without arguments that return the
+        codes of `x` and their decoded values. Every call writes into the buffer
+        that the previous call returned (no allocation after the first), as a
+        jitted step with a donated state does; the previous result is invalid.
+    """
+    encode = jax.jit(lambda out, v: fmt.encode(v), donate_argnums=0, keep_unused=True)
+    decode = jax.jit(
+        lambda out, s: fmt.decode(s, x.dtype), donate_argnums=0, keep_unused=True
+    )
+    buffers = [fmt.encode(x), jnp.zeros_like(x)]
+
+    def run_encode() -> jax.Array:
+        buffers[0] = encode(buffers[0], x)
+        return buffers[0]
+
+    def run_decode() -> jax.Array:
+        buffers[1] = decode(buffers[1], buffers[0])
+        return buffers[1]
+
+    return run_encode, run_decode
 
 
 def _inputs(n: int, seed: int) -> jax.Array:
@@ -70,7 +121,7 @@ def bench(
     names: Sequence[str] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Times encode and decode of every format against a float32 copy.
+    """Times encode and decode of every format against a bandwidth-bound copy.
 
     Args:
         n: number of float32 values.
@@ -80,11 +131,15 @@ def bench(
         seed: seed of the input values.
 
     Returns:
-        ``{"n", "repeats", "copy_ms", "rows": [{"name", "bits", "encode_ms",
-        "decode_ms", "total_ms", "ratio", "ratio_paired", "target",
-        "meets_target", "bytes_per_value"}], "device", "cpu_count", "jax"}``.
-        ``ratio`` divides the median times; ``ratio_paired`` is the median of the
-        per-round ratios.
+        ``{"n", "repeats", "baseline", "baseline_gbs", "baseline_gbs_rounds",
+        "copy_ms", "rows": [{"name", "bits", "encode_ms", "decode_ms",
+        "total_ms", "ratio", "ratio_paired", "floor", "target", "meets_target",
+        "bytes_per_value"}], "device", "cpu_count", "jax"}``. ``baseline_gbs`` is
+        the median STREAM copy bandwidth (GB/s, per round in
+        ``baseline_gbs_rounds``) and ``copy_ms`` the time a copy of ``n`` values
+        takes at it. ``ratio`` divides the median times; ``ratio_paired`` is the
+        median of the per-round ratios; ``floor`` is the memory-bound ratio
+        ``1 + bytes_per_value / 4``.
 
     Raises:
         ValueError: for n < 1, repeats < 1 or an unknown format name.
@@ -99,32 +154,35 @@ def bench(
     fmts = [formats.get_format(m) for m in names]  # raises on unknown names
 
     x = _inputs(n, seed)
-    copy = jax.jit(jnp.copy)
-    stored = {f.name: f.encode(x) for f in fmts}  # warm-up (compiles) encode
-    for f in fmts:
-        jax.block_until_ready(f.decode(stored[f.name]))  # warm-up decode
-    jax.block_until_ready(copy(x))
+    copy_mib = max(1, -(-x.nbytes // 2**20))  # the same array size, in whole MiB
+    codecs = {f.name: in_place(f, x) for f in fmts}
+    for run_encode, run_decode in codecs.values():  # warm-up (compiles)
+        jax.block_until_ready(run_encode())
+        jax.block_until_ready(run_decode())
 
+    gbs: list[float] = []
     times: dict[str, list[float]] = {"copy": []}
     for f in fmts:
         times[f"{f.name}/encode"] = []
         times[f"{f.name}/decode"] = []
     for _ in range(repeats):
-        times["copy"].append(_time(lambda: copy(x)))
+        copy = stream_bandwidths(size_mib=copy_mib, repeats=1, kernels=("copy",))
+        gbs.append(copy["copy"])
+        times["copy"].append(2 * x.nbytes / (gbs[-1] * 1e9))
         for f in fmts:
-            times[f"{f.name}/encode"].append(_time(lambda f=f: f.encode(x)))
-            s = stored[f.name]
-            times[f"{f.name}/decode"].append(_time(lambda f=f, s=s: f.decode(s)))
+            run_encode, run_decode = codecs[f.name]
+            times[f"{f.name}/encode"].append(_time(run_encode))
+            times[f"{f.name}/decode"].append(_time(run_decode))
 
-    copy_ms = 1e3 * statistics.median(times["copy"])
+    baseline_gbs = statistics.median(gbs)
+    copy_ms = 1e3 * 2 * x.nbytes / (baseline_gbs * 1e9)
     rows = []
     for f in fmts:
         enc = 1e3 * statistics.median(times[f"{f.name}/encode"])
         dec = 1e3 * statistics.median(times[f"{f.name}/decode"])
         target = TARGETS.get(f.name)
-        ratio = (enc + dec) / copy_ms
-        # The same ratio taken within each round, then the median: robust against
-        # load that drifts between rounds on a shared machine.
+        # The ratio taken within each round, then the median: robust against load
+        # that drifts between rounds on a shared machine.
         paired = statistics.median(
             (e + d) / c
             for e, d, c in zip(
@@ -134,6 +192,7 @@ def bench(
                 strict=True,
             )
         )
+        itemsize = f.storage_dtype.itemsize
         rows.append(
             {
                 "name": f.name,
@@ -141,16 +200,20 @@ def bench(
                 "encode_ms": enc,
                 "decode_ms": dec,
                 "total_ms": enc + dec,
-                "ratio": ratio,
+                "ratio": (enc + dec) / copy_ms,
                 "ratio_paired": paired,
+                "floor": 1 + itemsize / x.dtype.itemsize,
                 "target": target,
                 "meets_target": None if target is None else paired <= target,
-                "bytes_per_value": f.storage_dtype.itemsize,
+                "bytes_per_value": itemsize,
             }
         )
     return {
         "n": n,
         "repeats": repeats,
+        "baseline": BASELINE,
+        "baseline_gbs": baseline_gbs,
+        "baseline_gbs_rounds": gbs,
         "copy_ms": copy_ms,
         "rows": rows,
         "device": str(jax.devices()[0].device_kind),
@@ -163,11 +226,12 @@ def table(result: dict[str, Any]) -> str:
     """A markdown table of a `bench` result, one row per format."""
     lines = [
         f"n = {result['n']:,} float32 values, median of {result['repeats']} "
-        f"repeats; float32 copy: {result['copy_ms']:.2f} ms",
+        f"rounds; baseline: {result['baseline']}, {result['baseline_gbs']:.1f} "
+        f"GB/s, {result['copy_ms']:.2f} ms for n values",
         "",
         "| format | bits | encode ms | decode ms | (enc+dec)/copy | per-round "
-        "| target | ok |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| floor | target | ok |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
         target = "" if r["target"] is None else f"<= {r['target']:g}x"
@@ -175,7 +239,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {r['bits']} | {r['encode_ms']:.2f} | "
             f"{r['decode_ms']:.2f} | {r['ratio']:.2f}x | {r['ratio_paired']:.2f}x "
-            f"| {target} | {ok} |"
+            f"| {r['floor']:g}x | {target} | {ok} |"
         )
     return "\n".join(lines)
 
@@ -227,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missed = [r for r in result["rows"] if r["meets_target"] is False]
     for r in missed:
         print(
-            f"{r['name']}: (encode + decode)/copy {r['ratio_paired']:.2f}x misses "
+            f"{r['name']}: (encode + decode) / copy {r['ratio_paired']:.2f}x misses "
             f"the target of {r['target']:g}x",
             file=sys.stderr,
         )

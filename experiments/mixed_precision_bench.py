@@ -14,16 +14,28 @@ repeat running a few steps and ending in ``block_until_ready``:
   (``jmp.DynamicLossScale`` with a float32 scale, ``all_finite`` and
   ``select_tree`` over params and optimizer state).
 
-Every step function is jitted with the state donated. Targets (issue #3): dynamic
-scaling costs <= 5 % over the same policy without scaling, and is >= 1.4x faster
-than the jmp pattern. The ratios are also computed pairwise per round (median of
-ratios), which is robust against load changes on a shared machine. XLA's compiled
-memory analysis is reported per variant, and the dtypes of every matrix product are
-read from the traced program (on CPU, XLA upcasts 16-bit products to float32, so
-16-bit compute costs time there and the speed-ups are GPU facts).
+Every step function is jitted with the state donated. Ratios are taken within each
+round (paired) and summarised by their median and its distribution-free 95 %
+interval (``median_interval`` in ``experiments._stats``), which is robust against
+load changes on a shared machine; the interval's larger half-width, relative to the
+median, is reported as the resolution. The round-robin over all variants gives the
+table; each checked ratio gets its own paired rounds of just its two variants (the order
+alternating), so that its interval is narrow: ``overhead_pairs`` for the
+loss-scaling overhead ``bf16+dynamic / bf16`` (the same model, batch, policy and
+optimizer, with and without the scaling wrapper; enough pairs to resolve a 2 %
+overhead on a quiet machine) and ``jmp_pairs`` for ``jmp pattern / bf16+dynamic``.
 
-Run ``python -m experiments.mixed_precision_bench [--json FILE] [--full]`` or
-through the framework, ``python -m experiments mixed_precision_bench``.
+Targets (issue #3): dynamic scaling costs <= 5 % over the same policy without
+scaling (met when the upper end of the interval is <= 1.05), and the jmp pattern is
+>= 1.4x slower than it (met when the lower end is >= 1.4). An interval that
+straddles the limit is reported as unresolved and fails the check: the measurement
+cannot tell. XLA's compiled memory analysis is reported per variant, and the dtypes
+of every matrix product are read from the traced program (on CPU, XLA upcasts
+16-bit products to float32, so 16-bit compute costs time there and the speed-ups
+are GPU facts).
+
+Run ``python -m experiments.mixed_precision_bench [--json FILE] [--full] [--pairs N]``
+or through the framework, ``python -m experiments mixed_precision_bench``.
 """
 
 from __future__ import annotations
@@ -45,8 +57,16 @@ import optax
 import mpjax
 from experiments import _framework
 from experiments._report import checks_section, markdown_table, new_figure, save_figure
+from experiments._stats import LEVEL, median_interval, verdict
 
-__all__ = ["Settings", "VARIANTS", "main", "measure", "run", "settings_for"]
+__all__ = [
+    "Settings",
+    "VARIANTS",
+    "main",
+    "measure",
+    "run",
+    "settings_for",
+]
 
 VARIANTS: tuple[str, ...] = (
     "float32",
@@ -57,6 +77,14 @@ VARIANTS: tuple[str, ...] = (
 )
 OVERHEAD_TARGET = 1.05  # dynamic scaling vs the same policy without scaling
 JMP_SPEEDUP_TARGET = 1.4  # jmp pattern time / bf16+dynamic time
+#: The checked ratios ("numerator / denominator"), each timed in its own pairs.
+OVERHEAD = "bf16+dynamic / bf16"
+JMP_RATIO = "jmp pattern / bf16+dynamic"
+#: Checked ratios: check name -> (ratio, limit, whether the ratio must be <= it).
+_TARGETS: dict[str, tuple[str, float, bool]] = {
+    "dynamic_overhead_le_5pct": (OVERHEAD, OVERHEAD_TARGET, True),
+    "jmp_pattern_ge_1.4x_slower": (JMP_RATIO, JMP_SPEEDUP_TARGET, False),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,8 +95,13 @@ class Settings:
         width: hidden width (and input/output width) of the MLP.
         layers: number of dense ``width x width`` layers.
         batch: batch size.
-        repeats: timed repeats per variant (the median is reported).
+        repeats: timed round-robin rounds over every variant (the median is
+            reported; >= 6 for a 95 % interval).
         steps_per_repeat: train steps per timed repeat.
+        overhead_pairs: paired rounds of ``bf16+dynamic`` and ``bf16`` alone, for
+            the loss-scaling overhead (>= 6).
+        jmp_pairs: paired rounds of ``jmp pattern`` and ``bf16+dynamic`` alone
+            (>= 6).
         timing_checks: whether the speed targets are checked (not at ``tiny``).
     """
 
@@ -77,19 +110,30 @@ class Settings:
     batch: int
     repeats: int
     steps_per_repeat: int
+    overhead_pairs: int
+    jmp_pairs: int
     timing_checks: bool
 
 
 _SETTINGS = {
     "tiny": Settings(
-        width=64, layers=3, batch=16, repeats=5, steps_per_repeat=1, timing_checks=False
+        width=64,
+        layers=3,
+        batch=16,
+        repeats=6,
+        steps_per_repeat=1,
+        overhead_pairs=8,
+        jmp_pairs=7,
+        timing_checks=False,
     ),
     "quick": Settings(
         width=1024,
         layers=3,
         batch=256,
-        repeats=15,
-        steps_per_repeat=2,
+        repeats=9,
+        steps_per_repeat=1,
+        overhead_pairs=150,
+        jmp_pairs=24,
         timing_checks=True,
     ),
     "full": Settings(
@@ -98,6 +142,8 @@ _SETTINGS = {
         batch=256,
         repeats=21,
         steps_per_repeat=10,
+        overhead_pairs=200,
+        jmp_pairs=50,
         timing_checks=True,
     ),
 }
@@ -221,6 +267,24 @@ def _variants(params: Any) -> list[_Variant]:
     ]
 
 
+def _paired(
+    samples: dict[str, list[float]], ratio: str, level: float = LEVEL
+) -> dict[str, Any]:
+    """Median of the per-round ratios ``"num / den"`` with its interval."""
+    num, den = ratio.split(" / ")
+    ratios = [a / b for a, b in zip(samples[num], samples[den], strict=True)]
+    median = statistics.median(ratios)
+    low, high = median_interval(ratios, level)
+    return {
+        "median": median,
+        "low": low,
+        "high": high,
+        "level": level,
+        "rounds": len(ratios),
+        "resolution": max(high - median, median - low) / median,
+    }
+
+
 # -------------------------------------------------------------------- analysis
 
 
@@ -268,7 +332,12 @@ def measure(settings: Settings, *, seed: int = 0) -> dict[str, Any]:
     Returns:
         ``{"rows": [...], "ratios": {...}, "settings": {...}}``; each row holds the
         variant name, median step time, all samples, memory analysis, the matmul
-        operand dtypes, and the first/last loss.
+        operand dtypes, and the first/last loss. Each ratio (``"a / b"``, paired
+        per round) holds ``median``, ``low`` and ``high`` (the `median_interval`
+        at ``level``), ``resolution`` (the larger distance from the median to an
+        end of the interval, relative to the median) and ``rounds``; the two
+        checked ratios come from their own paired rounds (``overhead_pairs``,
+        ``jmp_pairs``), the others from the round-robin.
     """
     key_params, key_data = jax.random.split(jax.random.PRNGKey(seed))
     # optax.adam and jmp promote Python scalars against int32 counters internally,
@@ -290,38 +359,45 @@ def measure(settings: Settings, *, seed: int = 0) -> dict[str, Any]:
             jax.block_until_ready(v.state)
             losses[v.name] = [float(loss)]
 
-        samples: dict[str, list[float]] = {v.name: [] for v in variants}
-        for r in range(settings.repeats):
-            # Round-robin, starting one variant later every round: each variant
-            # sees the same load and no variant always follows the same other one.
-            for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
-                run = compiled[v.name]
-                start = time.perf_counter()
-                for _ in range(settings.steps_per_repeat):
-                    v.state, loss = run(v.state, batch)
-                jax.block_until_ready((v.state, loss))
-                elapsed = time.perf_counter() - start
-                samples[v.name].append(elapsed / settings.steps_per_repeat)
+        def timed(v: _Variant) -> float:
+            """Seconds per step of ``steps_per_repeat`` steps of ``v``."""
+            run = compiled[v.name]
+            start = time.perf_counter()
+            for _ in range(settings.steps_per_repeat):
+                v.state, loss = run(v.state, batch)
+            jax.block_until_ready((v.state, loss))
+            return (time.perf_counter() - start) / settings.steps_per_repeat
+
+        by_name = {v.name: v for v in variants}
+
+        def rounds(names: Sequence[str], count: int) -> dict[str, list[float]]:
+            """``count`` rounds over ``names``, starting one later every round.
+
+            Each variant sees the same load, and none always follows the same other
+            one (with two variants the order alternates).
+            """
+            chosen = [by_name[name] for name in names]
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(count):
+                k = r % len(chosen)
+                for v in chosen[k:] + chosen[:k]:
+                    samples[v.name].append(timed(v))
+            return samples
+
+        samples = rounds(VARIANTS, settings.repeats)
+        overhead = rounds(OVERHEAD.split(" / "), settings.overhead_pairs)
+        jmp = rounds(JMP_RATIO.split(" / "), settings.jmp_pairs)
         for v in variants:
             v.state, final = compiled[v.name](v.state, batch)
             losses[v.name].append(float(final))
 
     medians = {n: statistics.median(s) for n, s in samples.items()}
-
-    def paired(a: str, b: str) -> float:
-        return statistics.median(
-            x / y for x, y in zip(samples[a], samples[b], strict=True)
-        )
-
     ratios = {
-        "bf16+dynamic / bf16 (paired)": paired("bf16+dynamic", "bf16"),
-        "jmp pattern / bf16+dynamic (paired)": paired("jmp pattern", "bf16+dynamic"),
-        "f16+dynamic / bf16 (paired)": paired("f16+dynamic", "bf16"),
-        "bf16 / float32 (paired)": paired("bf16", "float32"),
-        "jmp pattern / float32 (paired)": paired("jmp pattern", "float32"),
-        "bf16+dynamic / bf16 (medians)": medians["bf16+dynamic"] / medians["bf16"],
-        "jmp pattern / bf16+dynamic (medians)": medians["jmp pattern"]
-        / medians["bf16+dynamic"],
+        OVERHEAD: _paired(overhead, OVERHEAD),
+        JMP_RATIO: _paired(jmp, JMP_RATIO),
+        "f16+dynamic / bf16": _paired(samples, "f16+dynamic / bf16"),
+        "bf16 / float32": _paired(samples, "bf16 / float32"),
+        "jmp pattern / float32": _paired(samples, "jmp pattern / float32"),
     }
     rows = [
         {
@@ -353,13 +429,68 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         ),
     }
     if results["settings"]["timing_checks"]:
-        checks["dynamic_overhead_le_5pct"] = (
-            ratios["bf16+dynamic / bf16 (paired)"] <= OVERHEAD_TARGET
-        )
-        checks["jmp_pattern_ge_1.4x_slower"] = (
-            ratios["jmp pattern / bf16+dynamic (paired)"] >= JMP_SPEEDUP_TARGET
-        )
+        for check, result in _verdicts(ratios).items():
+            checks[check] = result == "met"
     return checks
+
+
+def _verdicts(ratios: dict[str, Any]) -> dict[str, str]:
+    """The `verdict` of every checked ratio's interval, by check name."""
+    out = {}
+    for check, (name, limit, at_most) in _TARGETS.items():
+        r = ratios[name]
+        out[check] = verdict(r["low"], r["high"], limit, at_most=at_most)
+    return out
+
+
+def _ratio_table(results: dict[str, Any]) -> str:
+    verdicts = _verdicts(results["ratios"])
+    checked = {
+        name: (f"{'<=' if at_most else '>='} {limit:g}", verdicts[check])
+        for check, (name, limit, at_most) in _TARGETS.items()
+    }
+    rows = [
+        [
+            name,
+            f"{r['median']:.3f}",
+            f"[{r['low']:.3f}, {r['high']:.3f}]",
+            f"+-{100 * r['resolution']:.1f} %",
+            r["rounds"],
+            *checked.get(name, ("", "")),
+        ]
+        for name, r in results["ratios"].items()
+    ]
+    return markdown_table(
+        [
+            "ratio (paired)",
+            "median",
+            f"{LEVEL:.0%} interval",
+            "resolution",
+            "rounds",
+            "target",
+            "interval vs target",
+        ],
+        rows,
+    )
+
+
+def _overhead_summary(results: dict[str, Any]) -> str:
+    """One sentence: the overhead figure, its resolution and its verdict."""
+    r = results["ratios"][OVERHEAD]
+    result = _verdicts(results["ratios"])["dynamic_overhead_le_5pct"]
+    text = (
+        f"Loss-scaling overhead {OVERHEAD} = {r['median']:.3f} (median of "
+        f"{r['rounds']} paired rounds; {r['level']:.0%} interval "
+        f"[{r['low']:.3f}, {r['high']:.3f}], resolution +-{100 * r['resolution']:.1f} "
+        f"%, so a 2 % overhead {'is' if r['resolution'] < 0.02 else 'is not'} "
+        f"resolved); target <= {OVERHEAD_TARGET:g}: "
+    )
+    if result == "unresolved":
+        return text + (
+            f"unresolved, the interval straddles {OVERHEAD_TARGET:g}: this "
+            "measurement cannot tell (more pairs or a quieter machine)."
+        )
+    return text + f"{result}."
 
 
 def _table(results: dict[str, Any]) -> str:
@@ -423,20 +554,29 @@ def _report(
         f"Scale **{scale}**: MLP of {s['layers']} dense {s['width']}x{s['width']} "
         f"layers, batch {s['batch']}, Adam; median of {s['repeats']} repeats of "
         f"{s['steps_per_repeat']} step(s) after warm-up, variants timed round-robin "
-        "in one process, state donated.",
+        "in one process, state donated; then, for the checked ratios, "
+        f"{s['overhead_pairs']} paired rounds of {OVERHEAD} and {s['jmp_pairs']} of "
+        f"{JMP_RATIO}, each pair alone and in alternating order.",
         "",
         table,
         "",
         "## Ratios",
         "",
-        markdown_table(
-            ["ratio", "value"], [[k, v] for k, v in results["ratios"].items()]
-        ),
+        "Each ratio is the median of per-round ratios; the interval is the "
+        f"distribution-free {LEVEL:.0%} interval of that median (order statistics), "
+        "the resolution its larger half-width relative to the median. A target is "
+        "met when the whole interval meets it, missed when none of it does, and "
+        "unresolved otherwise.",
         "",
-        f"Targets: bf16+dynamic / bf16 <= {OVERHEAD_TARGET}; jmp pattern / "
-        f"bf16+dynamic >= {JMP_SPEEDUP_TARGET}. On a CPU, XLA upcasts 16-bit matrix "
-        "products to float32, so 16-bit policies are slower than float32 here; the "
-        "matmul dtypes above are read from the traced program.",
+        _ratio_table(results),
+        "",
+        _overhead_summary(results),
+        "",
+        f"Targets: {OVERHEAD} <= {OVERHEAD_TARGET}; jmp pattern / "
+        f"bf16+dynamic >= {JMP_SPEEDUP_TARGET} (checked from the quick scale up). On "
+        "a CPU, XLA upcasts 16-bit matrix products to float32, so 16-bit policies "
+        "are slower than float32 here; the matmul dtypes above are read from the "
+        "traced program.",
         "",
         "![step time](step_time.png)",
         "",
@@ -473,13 +613,16 @@ def run(
         {
             "pipeline": "mixed_precision_bench",
             **results,
+            "verdicts": _verdicts(results["ratios"]),
             "checks": checks,
             "environment": env,
         },
     )
     _report(out_dir, scale, table, results, checks)
     return {
-        "table": table,
+        "table": "\n\n".join(
+            [table, _ratio_table(results), _overhead_summary(results)]
+        ),
         "checks": checks,
         "rows": results["rows"],
         "ratios": results["ratios"],
@@ -502,29 +645,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--full", action="store_true", help="more repeats (meant for a GPU)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="paired rounds for the loss-scaling overhead (default: the scale's)",
+    )
     args = parser.parse_args(argv)
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(
             f"--json {args.json}: directory {args.json.parent} does not exist; "
             "create it or write the file elsewhere."
         )
+    if args.pairs is not None and args.pairs < 6:
+        parser.error(
+            f"--pairs must be >= 6 (the fewest with a 95 % interval of the "
+            f"median), got {args.pairs}."
+        )
     scale = "full" if args.full else "quick"
-    results = measure(settings_for(scale), seed=args.seed)
+    settings = settings_for(scale)
+    if args.pairs is not None:
+        settings = dataclasses.replace(settings, overhead_pairs=args.pairs)
+    results = measure(settings, seed=args.seed)
     checks = _checks(results)
     print(_table(results))
     print()
-    print(
-        markdown_table(
-            ["ratio", "value"], [[k, v] for k, v in results["ratios"].items()]
-        )
-    )
+    print(_ratio_table(results))
+    print()
+    print(_overhead_summary(results))
     print()
     for name, ok in checks.items():
         print(f"{name}: {'pass' if ok else 'FAIL'}")
     if args.json is not None:
         env = _framework.capture_environment(seed=args.seed, scale=scale)
         _framework.write_json(
-            args.json, {**results, "checks": checks, "environment": env}
+            args.json,
+            {
+                **results,
+                "verdicts": _verdicts(results["ratios"]),
+                "checks": checks,
+                "environment": env,
+            },
         )
     return 0 if all(checks.values()) else 1
 

@@ -16,6 +16,9 @@ def test_stream_bandwidths_are_positive_and_finite():
     assert set(bw) == {"copy", "triad"}
     assert all(0 < v < 1e4 for v in bw.values())
     assert measure_bandwidth(size_mib=8, repeats=1) > 0
+    assert set(stream_bandwidths(size_mib=4, repeats=1, kernels=("copy",))) == {"copy"}
+    with pytest.raises(ValueError, match="kernels"):
+        stream_bandwidths(size_mib=4, kernels=("scale",))
 
 
 @pytest.mark.parametrize(("storage", "bytes_per_cell"), [("fp32", 72), ("fp16s", 36)])
