@@ -65,6 +65,7 @@ TARGETS: dict[str, float] = {
     "fp16c": 3.0,
     "posit16": 6.0,
     "posit16_es2": 6.0,
+    "posit16s": 6.0,
 }
 
 

@@ -2,7 +2,7 @@
 
 Every case runs through :func:`lbm_jax.cases.run_case` once per storage policy:
 FP64/FP64 and FP32/FP32 (DDF-shifted, the solver's default) and each 16-bit format
-(FP16, FP16S, FP16C, posit16, posit16_es2, bfloat16) both without and with
+(FP16, FP16S, FP16C, posit16, posit16_es2, posit16s, bfloat16) both without and with
 DDF-shifting. Each run is compared with the analytic or published reference (the
 case's own metric) and with the reference run of the same case: FP64/FP64, or
 FP32/FP32 where the case has no FP64 run. The comparison is the relative L2 norm of

@@ -3,7 +3,7 @@
 A spherical capsule (Skalak membrane, C = 1, no bending) relaxes in the linear
 shear flow of :mod:`lbm_jax.cases.capsule`; its Taylor deformation D(t) is
 recorded for FP64/FP64, FP32/FP32 and every 16-bit format stored DDF-shifted
-(FP16, FP16S, FP16C, posit16, posit16_es2, bfloat16). Every run has the same
+(FP16, FP16S, FP16C, posit16, posit16_es2, posit16s, bfloat16). Every run has the same
 number of steps, so D(t) can be compared step for step with the FP64 run. The
 study reports the deviation of each format's steady D from FP64's, the error
 against small-deformation theory (Barthes-Biesel & Rallison 1981) and the drift of

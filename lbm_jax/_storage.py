@@ -21,8 +21,13 @@ FP32/FP16S          fp16s       float32      fp16s
 FP32/FP16C          fp16c       float32      fp16c
 FP32/posit16        posit16     float32      posit16 (es=1)
 FP32/posit16_es2    posit16_es2 float32      posit16_es2
+FP32/posit16s       posit16s    float32      posit16s
 FP32/bfloat16       bf16        float32      bfloat16
 =================== =========== ============ ================
+
+posit16s is posit16 applied to ``x * 2**10``, the posit twin of fp16s: its region
+of highest precision (12 fraction bits) lies on the magnitudes DDF-shifted
+populations take, ``[2**-12, 2**-8)`` (see :mod:`mpjax.formats`).
 
 >>> get_storage("fp16s").name
 'FP32/FP16S'
@@ -48,6 +53,7 @@ _POLICIES: dict[str, tuple[str, str, str]] = {
     "FP32/FP16C": ("fp16c", "float32", "fp16c"),
     "FP32/posit16": ("posit16", "float32", "posit16"),
     "FP32/posit16_es2": ("posit16_es2", "float32", "posit16_es2"),
+    "FP32/posit16s": ("posit16s", "float32", "posit16s"),
     "FP32/bfloat16": ("bf16", "float32", "bfloat16"),
 }
 _LOOKUP: dict[str, str] = {}

@@ -22,6 +22,14 @@ fp16c
 posit16, posit16_es2
     posit<16,1> (older SoftPosit convention) and posit<16,2> (2022 standard);
     NaR = 0x8000, NaN/Inf encode to NaR, no non-zero value rounds to 0 or NaR.
+posit16s
+    `scaled(posit16, 10)`: posit16 storage of `x * 2**10`, range [2**-38, 2**18],
+    the posit twin of fp16s (Lehmann et al. 2022 build their 16-bit formats on
+    a modified IEEE-754 and a modified posit standard). posit16's 12 fraction
+    bits, |y| in [2**-2, 2**2), land on |x| in [2**-12, 2**-8), where
+    DDF-shifted LBM populations lie: the scale is minus the median binary
+    exponent of the populations of the 2-D validation cases (median -10,
+    quartiles -11 and -9). Its `epsilon` (at 1.0) is 2**-7.
 
 Special values per format (encode):
 
@@ -35,6 +43,7 @@ float8_e4m3fn  NaN (no Inf code)       NaN (0x7F/0xFF)     -0.0
 fp16s          +-Inf (beyond ~2)       NaN                 -0.0
 fp16c          +-max (saturates)       0x7FFF (+max)       -0.0 (0x8000)
 posit16(_es2)  +-maxpos (saturates)    NaR (0x8000)        0 (one zero)
+posit16s       +-maxpos (saturates)    NaR (0x8000)        0 (one zero)
 =============  ======================  ==================  ===============
 
 Inf input gives Inf where the format has it, else the overflow column (posits:

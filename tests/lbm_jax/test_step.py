@@ -9,16 +9,7 @@ import pytest
 import lbm_jax
 from lbm_jax import CellType, Collision, Simulation, run
 
-STORAGES = [
-    "fp64",
-    "fp32",
-    "fp16",
-    "fp16s",
-    "fp16c",
-    "posit16",
-    "posit16_es2",
-    "bf16",
-]
+STORAGES = [lbm_jax.get_storage(name).short_name for name in lbm_jax.list_storages()]
 # Every member of each family at least once: all storage policies (D2Q9, BGK), both
 # collision operators, all lattices; kept small because each member compiles.
 BATTERY = [("D2Q9", (8, 6), s, "bgk") for s in STORAGES] + [

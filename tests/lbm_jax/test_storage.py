@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lbm_jax import StoragePolicy, get_storage, list_storages
+from lbm_jax.cases import run_case
 
 TABLE = {
     "FP64/FP64": ("fp64", "float64", 8),
@@ -15,6 +16,7 @@ TABLE = {
     "FP32/FP16C": ("fp16c", "float32", 2),
     "FP32/posit16": ("posit16", "float32", 2),
     "FP32/posit16_es2": ("posit16_es2", "float32", 2),
+    "FP32/posit16s": ("posit16s", "float32", 2),
     "FP32/bfloat16": ("bf16", "float32", 2),
 }
 SIXTEEN_BIT = [name for name, (_, _, nbytes) in TABLE.items() if nbytes == 2]
@@ -78,8 +80,10 @@ def test_sixteen_bit_round_trip_within_format_precision(name):
     assert back.dtype == jnp.float32
     rel = np.abs(np.asarray(back) - np.asarray(x)) / np.abs(np.asarray(x))
     # bfloat16 keeps 8 significant bits, posits at least 9 here, 16-bit IEEE-like
-    # formats 11: round-to-nearest errs by half a unit in the last place at most
-    bound = 2.0**-11 if name in ("FP32/FP16", "FP32/FP16S", "FP32/FP16C") else 2.0**-8
+    # formats and posit16s (posit16 of x * 2**10) 11: round-to-nearest errs by
+    # half a unit in the last place at most
+    eleven = ("FP32/FP16", "FP32/FP16S", "FP32/FP16C", "FP32/posit16s")
+    bound = 2.0**-11 if name in eleven else 2.0**-8
     assert rel.max() <= bound
     assert rel.max() > 0
 
@@ -88,3 +92,20 @@ def test_fp32_storage_is_exact():
     pol = get_storage("fp32")
     x = jnp.asarray(np.random.default_rng(1).normal(size=64), jnp.float32)
     np.testing.assert_array_equal(pol.decode(pol.encode(x)), x)
+
+
+def test_posit16s_taylor_green_stays_close_to_fp32():
+    # posit16s moves posit16's most precise region onto the shifted populations
+    # (tests/lbm_jax/test_population_range.py); measured at n=32 relative to the
+    # FP32 velocity field: posit16s 2.0e-4, fp16s 8.0e-4, posit16 1.7e-3.
+    u = {
+        s: run_case("taylor_green", n=32, storage=s).fields["u"]
+        for s in ("fp32", "posit16s", "posit16", "fp16s")
+    }
+
+    def error(s):
+        return np.linalg.norm(u[s] - u["fp32"]) / np.linalg.norm(u["fp32"])
+
+    assert error("posit16s") < 5e-4
+    assert error("posit16s") < error("posit16") / 4
+    assert error("posit16s") < error("fp16s")

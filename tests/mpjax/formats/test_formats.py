@@ -25,9 +25,18 @@ NAMES = (
     "fp16c",
     "posit16",
     "posit16_es2",
+    "posit16s",
 )
 SMALL = tuple(n for n in NAMES if formats.get_format(n).bits <= 16)
-POSITS = ("posit16", "posit16_es2")
+POSITS = ("posit16", "posit16_es2", "posit16s")
+# Where every posit carries all its exponent bits, rounding the bit string is
+# rounding the value (outside, ties are geometric means): |x| in [1/hi * s, hi * s]
+# with s the scaling of posit16s.
+EXACT_POSIT_RANGE = {
+    "posit16": (2.0**-24, 2.0**24),
+    "posit16_es2": (2.0**-40, 2.0**40),
+    "posit16s": (2.0**-34, 2.0**14),
+}
 
 
 def _codes(fmt: formats.NumberFormat) -> np.ndarray:
@@ -89,6 +98,8 @@ FACTS = {
     "fp16c": (16, "uint16", 2 - 2.0**-11, 2.0**-14, 2.0**-25, 2.0**-11),
     "posit16": (16, "uint16", 2.0**28, None, 2.0**-28, 2.0**-12),
     "posit16_es2": (16, "uint16", 2.0**56, None, 2.0**-56, 2.0**-11),
+    # 1.0 is stored as posit16's 2**10, which keeps 7 fraction bits
+    "posit16s": (16, "uint16", 2.0**18, None, 2.0**-38, 2.0**-7),
     "float8_e4m3fn": (8, "float8_e4m3fn", 448.0, 2.0**-6, 2.0**-9, 2.0**-3),
     "float8_e5m2": (8, "float8_e5m2", 57344.0, 2.0**-14, 2.0**-16, 2.0**-2),
 }
@@ -196,13 +207,13 @@ def test_round_is_nearest_representable_ties_to_even(name, tables):
     grid_codes = codes.view(uint)[ok][order]
     lo, hi = -fmt.max, fmt.max
     if name in POSITS:  # where all exponent bits exist, bit rounding = value rounding
-        hi = 2.0 ** (24 if name == "posit16" else 40)
+        tiny, hi = EXACT_POSIT_RANGE[name]
         lo = -hi
     rng = np.random.default_rng(5)
     x = rng.uniform(-1, 1, 20_000) * np.exp2(rng.uniform(-45, 30, 20_000))
     x = np.clip(x, lo, hi).astype(np.float32)
     if name in POSITS:  # posits never round to zero: stay above minpos there
-        x = x[np.abs(x) >= 2.0 ** (-24 if name == "posit16" else -40)]
+        x = x[np.abs(x) >= tiny]
     inner = (grid > lo) & (grid < hi)
     mids = ((grid[1:] + grid[:-1]) / 2)[inner[1:] & inner[:-1]]
     mids = mids[np.abs(mids) >= (np.abs(x).min() if name in POSITS else 0)]
@@ -424,6 +435,33 @@ def test_scaled_posit_keeps_tiny_values_nonzero():
     x = np.array([1e-30, -1e-40, 0.0, 2.0**70], np.float32)
     got = np.asarray(fmt.round(x))
     np.testing.assert_array_equal(got, np.array([2.0**62, -(2.0**62), 0.0, 2.0**70]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_scaled_posit_saturates_products_that_overflow(dtype, request):
+    # x * 2**10 overflows for finite x >= 2**118 (float32); a posit must give
+    # +-maxpos there, never NaR, while Inf and NaN still give NaR.
+    if dtype == "float64":
+        request.getfixturevalue("x64")
+    fmt = formats.get_format("posit16s")
+    big = np.finfo(dtype).max
+    x = np.array([big, -big, 2.0**118, np.inf, np.nan, 1.0], dtype)
+    got = np.asarray(fmt.encode(x))
+    np.testing.assert_array_equal(got, [0x7FFF, 0x8001, 0x7FFF, 0x8000, 0x8000, 0x7E00])
+    back = np.asarray(fmt.decode(got))
+    np.testing.assert_array_equal(back[:3], [fmt.max, -fmt.max, fmt.max])
+
+
+def test_scaled_epsilon_is_the_gap_above_one_of_the_scaled_values():
+    p16 = formats.get_format("posit16")
+    # posit16 keeps 12 fraction bits at 1.0 and fewer further out, 7 at 2**10
+    for exponent, eps in ((0, 2.0**-12), (3, 2.0**-11), (10, 2.0**-7), (-5, 2.0**-10)):
+        assert formats.scaled(p16, exponent).epsilon == eps
+    # 1.0 * 2**-90 is below posit16's minpos: no value at 1.0, the inner epsilon
+    assert formats.scaled(p16, -90).epsilon == p16.epsilon
+    f16 = formats.get_format("float16")
+    assert formats.scaled(f16, 15).epsilon == f16.epsilon
+    assert jax.jit(lambda x: x * formats.scaled(p16, 10).epsilon)(1.0) == 2.0**-7
 
 
 # -------------------------------------------------------------------- doctests

@@ -13,19 +13,26 @@ from mpjax import formats
 NAR = 0x8000
 
 
+# posit16s is posit16 of x * 2**10: SoftPosit sees the exactly scaled value.
+SCALE = {"posit16": 0, "posit16_es2": 0, "posit16s": 10}
+
+
 def _sp_encode(name: str, x: np.ndarray) -> np.ndarray:
-    if name == "posit16":
+    x = np.asarray(x, np.float64) * 2.0 ** SCALE[name]
+    if name != "posit16_es2":
         return np.array([sp.posit16(float(v)).v.v for v in x], np.uint16)
     return np.array([sp.posit_2(float(v), 16).v.v >> 16 for v in x], np.uint16)
 
 
 def _sp_decode(name: str, codes: np.ndarray) -> np.ndarray:
-    if name == "posit16":
-        return np.array([float(sp.posit16(bits=int(c))) for c in codes])
-    return np.array([float(sp.posit_2(x=16, bits=int(c))) for c in codes])
+    if name != "posit16_es2":
+        vals = np.array([float(sp.posit16(bits=int(c))) for c in codes])
+    else:
+        vals = np.array([float(sp.posit_2(x=16, bits=int(c))) for c in codes])
+    return vals * 2.0 ** -SCALE[name]
 
 
-@pytest.fixture(scope="module", params=["posit16", "posit16_es2"])
+@pytest.fixture(scope="module", params=list(SCALE))
 def case(request):
     """(name, format, all codes, softposit's value of every code)."""
     name = request.param

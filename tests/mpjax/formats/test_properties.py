@@ -63,10 +63,11 @@ def test_round_is_nearest_even_for_any_float32(name, grids):
     check()
 
 
-@pytest.mark.parametrize("name", ["posit16", "posit16_es2"])
+@pytest.mark.parametrize("name", ["posit16", "posit16_es2", "posit16s"])
 def test_posit_encode_matches_softposit_for_any_float32(name):
     fmt = formats.get_format(name)
     encode = jax.jit(fmt.encode)
+    scale = 2.0**10 if name == "posit16s" else 1.0  # posit16s: posit16 of x * 2**10
 
     @SETTINGS
     @given(FLOATS)
@@ -75,9 +76,9 @@ def test_posit_encode_matches_softposit_for_any_float32(name):
         got = int(encode(x))
         if not np.isfinite(x):
             assert got == 0x8000
-        elif name == "posit16":
-            assert got == sp.posit16(float(x)).v.v
-        else:
+        elif name == "posit16_es2":
             assert got == sp.posit_2(float(x), 16).v.v >> 16
+        else:
+            assert got == sp.posit16(float(x) * scale).v.v
 
     check()
