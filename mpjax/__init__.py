@@ -13,6 +13,8 @@ from mpjax._loss_scaling import (
     static_loss_scaling,
 )
 from mpjax._policy import Policy, get_policy
+from mpjax._profile import profile
+from mpjax._profile_report import ProfileReport, RangeFractions, Record
 from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
@@ -20,6 +22,9 @@ __all__ = [
     "DynamicLossScaleState",
     "NoLossScaleState",
     "Policy",
+    "ProfileReport",
+    "RangeFractions",
+    "Record",
     "StaticLossScaleState",
     "TrainState",
     "apply_policy",
@@ -31,6 +36,7 @@ __all__ = [
     "make_train_step",
     "no_loss_scaling",
     "policy_apply",
+    "profile",
     "nnx_value_and_grad",
     "scaled_value_and_grad",
     "static_loss_scaling",
