@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import math
 import pkgutil
 import re
 from pathlib import Path
@@ -60,3 +61,12 @@ def test_readme_free_surface_example_runs(capsys):
     np.testing.assert_allclose(mass, mass[0], rtol=1e-6)
     assert abs(mass[0] / (np.pi * 12.0**2) - 1.0) < 0.01
     assert capsys.readouterr().out.strip()
+
+
+def test_readme_profile_example_runs(capsys):
+    namespace: dict = {}
+    exec(_readme_block("- **Number-range profiling**"), namespace)
+    report, policy, scale = (namespace[k] for k in ("report", "policy", "scale"))
+    assert report.records and "|" in capsys.readouterr().out
+    assert policy.compute_dtype is not None
+    assert scale >= 1.0 and math.log2(scale).is_integer()
