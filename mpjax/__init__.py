@@ -13,7 +13,7 @@ from mpjax._loss_scaling import (
     static_loss_scaling,
 )
 from mpjax._policy import Policy, get_policy
-from mpjax._profile import profile
+from mpjax._profile import profile, profile_program
 from mpjax._profile_report import ProfileReport, RangeFractions, Record
 from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
@@ -37,6 +37,7 @@ __all__ = [
     "no_loss_scaling",
     "policy_apply",
     "profile",
+    "profile_program",
     "nnx_value_and_grad",
     "scaled_value_and_grad",
     "static_loss_scaling",

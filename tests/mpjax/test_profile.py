@@ -11,6 +11,7 @@ from flax import nnx
 import mpjax
 from experiments._data import digits
 from experiments._models import MLP, classification_loss
+from mpjax import profile_program
 
 F16 = mpjax.formats.get_format("float16")
 
@@ -237,3 +238,31 @@ def test_profile_rejects_bad_bins_and_formats_string():
         mpjax.profile(lambda v: v, jnp.ones(2), bins=(5, -5))
     with pytest.raises(TypeError, match="formats=\\('float16',\\)"):
         mpjax.profile(lambda v: v, jnp.ones(2), formats="float16")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--repeats", "5"], ["--batch", "0"], ["--sample", "0"], ["--json", "."]],
+)
+def test_bench_profile_cli_rejects_bad_arguments(argv, capsys):
+    from experiments import bench_profile
+
+    with pytest.raises(SystemExit) as info:
+        bench_profile.main(argv)
+    assert info.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_profile_program_matches_profile(hand_report):
+    x = jnp.array([0.0, 0.0, 1.5, -3.0, jnp.inf, jnp.nan, 1e-40, 2.0**-20], jnp.float32)
+
+    def fn(v):
+        with jax.named_scope("scaled"):
+            return v * jnp.float32(2.0)
+
+    program, inputs, finish = profile_program(
+        fn, x, formats=("float32", "bfloat16", "float16")
+    )
+    again = finish(jax.device_get(program(*inputs)))
+    stats = lambda r: (r.histogram, r.zeros, r.min_abs, r.rounding_error)  # noqa: E731
+    assert [stats(r) for r in again.records] == [stats(r) for r in hand_report.records]
