@@ -49,7 +49,15 @@ import numpy as np
 from lbm_jax.bench import stream_bandwidths
 from mpjax import formats
 
-__all__ = ["BASELINE", "TARGETS", "bench", "in_place", "main", "table"]
+__all__ = [
+    "BASELINE",
+    "TARGETS",
+    "bench",
+    "check_json_path",
+    "in_place",
+    "main",
+    "table",
+]
 
 #: What the codec times are divided by.
 BASELINE = (
@@ -245,6 +253,29 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_json_path(parser: argparse.ArgumentParser, path: Path | None) -> None:
+    """Refuse a ``--json`` destination that cannot be written, before measuring.
+
+    Makes the file's directory; reports through ``parser.error`` (exit status 2).
+    """
+    if path is None:
+        return
+    if path.is_dir():
+        parser.error(f"--json {path}: is a directory; give a file name.")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(
+            f"--json {path}: cannot create directory {path.parent} "
+            f"({err.strerror}); write the file elsewhere."
+        )
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        parser.error(
+            f"--json {path}: directory {path.parent} is not writable; write the "
+            "file elsewhere."
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: run the benchmark, print the table, optionally write JSON.
 
@@ -263,22 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.log2n <= 30:
         parser.error(f"--log2n must be in [1, 30], got {args.log2n}")
-    if args.json is not None:
-        # checked (and its directory made) before measuring, not after
-        if args.json.is_dir():
-            parser.error(f"--json {args.json}: is a directory; give a file name.")
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            parser.error(
-                f"--json {args.json}: cannot create directory {args.json.parent} "
-                f"({err.strerror}); write the file elsewhere."
-            )
-        if not os.access(args.json.parent, os.W_OK | os.X_OK):
-            parser.error(
-                f"--json {args.json}: directory {args.json.parent} is not "
-                "writable; write the file elsewhere."
-            )
+    check_json_path(parser, args.json)
     try:
         result = bench(
             2**args.log2n, repeats=args.repeats, names=args.formats, seed=args.seed

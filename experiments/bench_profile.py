@@ -39,7 +39,7 @@ from flax import nnx
 import mpjax
 from experiments._models import MLP, classification_loss
 from experiments._stats import LEVEL, median_interval, verdict
-from experiments.bench_formats import _time
+from experiments.bench_formats import _time, check_json_path
 from mpjax import profile_program
 
 __all__ = ["TARGET", "bench", "main", "table"]
@@ -185,21 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--batch must be >= 1, got {args.batch}")
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample must be >= 1, got {args.sample}")
-    if args.json is not None:
-        if args.json.is_dir():
-            parser.error(f"--json {args.json}: is a directory; give a file name.")
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            parser.error(
-                f"--json {args.json}: cannot create directory {args.json.parent} "
-                f"({err.strerror}); write the file elsewhere."
-            )
-        if not os.access(args.json.parent, os.W_OK | os.X_OK):
-            parser.error(
-                f"--json {args.json}: directory {args.json.parent} is not "
-                "writable; write the file elsewhere."
-            )
+    check_json_path(parser, args.json)
     result = bench(
         repeats=args.repeats, batch=args.batch, sample=args.sample, seed=args.seed
     )
