@@ -197,10 +197,6 @@ def settings_for(scale: str) -> Settings:
     return _SETTINGS[scale]
 
 
-def _canonical(storage: str) -> str:
-    return lbm_jax.get_storage(storage).name
-
-
 def bench_command(settings: Settings, lattice: str, n: int, json_path: Path) -> list:
     """The ``python -m lbm_jax bench`` command line that measures one grid."""
     return [
