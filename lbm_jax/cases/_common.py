@@ -236,6 +236,8 @@ class CaseSetup:
         options: Case-specific options, validated.
         runner: ``runner(setup, driver) -> (metrics, fields, extras)``; ``driver``
             holds keyword arguments for :func:`lbm_jax.run`.
+        builder: ``builder(setup) -> (model, state)``: what the runner steps (see
+            :meth:`build`).
         figures: Figures written with ``out_dir``.
         write_files: ``write_files(out, summary, fields, extras) -> paths``: the
             case's own files, written with ``out_dir`` after the common ones.
@@ -254,6 +256,7 @@ class CaseSetup:
     steps_given: bool
     options: Mapping[str, Any]
     runner: Callable[[CaseSetup, dict[str, Any]], tuple[dict, dict, dict]]
+    builder: Callable[[CaseSetup], tuple[Any, Any]]
     figures: tuple[str, ...] = ("velocity",)
     write_files: Callable[..., list[Path]] | None = None
 
@@ -289,6 +292,18 @@ class CaseSetup:
         case's runner calls once.
         """
         return self.runner(self, {"progress": progress, "checkpoint": checkpoint})
+
+    def build(self) -> tuple[Any, Any]:
+        """The case's model and initial state, as its runner steps them.
+
+        Returns:
+            ``(model, state)``: a :class:`~lbm_jax.Simulation` and its
+            :class:`~lbm_jax.LBMState`, or a coupled model (an immersed boundary,
+            a free surface) and its state. ``lbm_jax.run(sim, state, steps)``
+            advances the first, ``lbm_jax.run(model.step, state, steps)`` the
+            second. Compiles nothing.
+        """
+        return self.builder(self)
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs of a case the same run: its JSON-ready summary and

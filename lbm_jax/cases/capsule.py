@@ -220,6 +220,7 @@ def prepare(
         steps_given=steps_given,
         options=opts,
         runner=_run,
+        builder=build,
         figures=(),
         write_files=_write_files,
     )

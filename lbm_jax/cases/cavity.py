@@ -151,6 +151,7 @@ def prepare(
         steps_given=steps_given,
         options=opts,
         runner=_run,
+        builder=build,
         figures=("velocity", "streamlines"),
     )
 
@@ -177,14 +178,18 @@ def _geometry(
     return cell_type, wall_velocity
 
 
-def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._observables import velocity
-    from lbm_jax._run import relative_change, run, steady
+def build(setup: CaseSetup) -> tuple[Any, Any]:
+    """The cavity of a prepared case and its initial state (fluid at rest).
+
+    Returns:
+        ``(sim, state)``: ``n`` fluid cells per side inside one layer of solid
+        cells, the top y layer a wall moving at ``u_ref`` in +x (periodic in z
+        with ``span``).
+    """
     from lbm_jax._simulation import Simulation
 
     d = 2 if setup.lattice == "D2Q9" else 3
-    n, u_lid, span = setup.n, setup.u_ref, setup.options["span"]
-    cell_type, wall_velocity = _geometry(d, n, u_lid, span)
+    cell_type, wall_velocity = _geometry(d, setup.n, setup.u_ref, setup.options["span"])
     sim = Simulation(
         setup.lattice,
         cell_type.shape,
@@ -195,12 +200,22 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         cell_type=cell_type,
         wall_velocity=wall_velocity,
     )
+    return sim, sim.init()
+
+
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+    from lbm_jax._observables import velocity
+    from lbm_jax._run import relative_change, run, steady
+
+    d = 2 if setup.lattice == "D2Q9" else 3
+    u_lid, span = setup.u_ref, setup.options["span"]
+    sim, start = build(setup)
     interior = (slice(None), *_interior(d, span))
     every = setup.options["check_every"]
     tol = setup.options["tol"]
     result = run(
         sim,
-        sim.init(),
+        start,
         setup.steps,
         observe=lambda state: _mid_profiles(velocity(sim, state)[interior]),
         sample_every=every,

@@ -164,6 +164,7 @@ def prepare(
         steps_given=steps_given,
         options=opts,
         runner=_run,
+        builder=build,
         figures=("velocity", "vorticity"),
     )
 
@@ -240,9 +241,13 @@ def _shedding_warnings(setup: CaseSetup, steps: int, periods: int) -> list[str]:
     ]
 
 
-def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._observables import momentum_exchange_force
-    from lbm_jax._run import run
+def build(setup: CaseSetup) -> tuple[Any, Any]:
+    """The channel or wide box of a prepared case and its initial state.
+
+    Returns:
+        ``(sim, state)``: the obstacle as solid cells, equilibrium cells at the
+        inlet and outlet holding the inflow, and the inflow everywhere at t = 0.
+    """
     from lbm_jax._simulation import Simulation
 
     geo = _geometry(setup)
@@ -256,12 +261,21 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         cell_type=geo["cell_type"],
         boundary_velocity=geo["u"],
     )
+    return sim, sim.init(1.0, geo["u"])
+
+
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+    from lbm_jax._observables import momentum_exchange_force
+    from lbm_jax._run import run
+
+    geo = _geometry(setup)
+    sim, start = build(setup)
     body = geo["body"]
     t_conv = setup.n / setup.u_ref  # one convective time D / U in steps
     every = max(1, round(t_conv / setup.options["samples_per_time"]))
     result = run(
         sim,
-        sim.init(1.0, geo["u"]),
+        start,
         setup.steps,
         observe=lambda state: momentum_exchange_force(sim, state, body),
         sample_every=every,

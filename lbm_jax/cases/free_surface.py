@@ -196,6 +196,7 @@ def _setup(
         re=re,
         u_ref=u_ref,
         figures=figures,
+        builder=build,
         **fields,
     )
 

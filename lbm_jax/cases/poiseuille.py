@@ -96,17 +96,26 @@ def prepare(
         steps_given=steps is not None,
         options=opts,
         runner=_run,
+        builder=build,
     )
 
 
-def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+def _force(setup: CaseSetup) -> float:
+    """The body force driving a centre-line speed ``u_ref``."""
+    return 8.0 * setup.nu * setup.u_ref / (setup.n * setup.n)
+
+
+def build(setup: CaseSetup) -> tuple[Any, Any]:
+    """The channel of a prepared case and its initial state (fluid at rest).
+
+    Returns:
+        ``(sim, state)``: a periodic-in-x channel of ``nx`` x ``n + 2`` cells,
+        solid wall layers at y index 0 and ``n + 1``, driven by a body force.
+    """
     from lbm_jax._boundaries import CellType
-    from lbm_jax._observables import velocity
-    from lbm_jax._run import relative_change, run, steady
     from lbm_jax._simulation import Simulation
 
-    n, nx, nu = setup.n, setup.options["nx"], setup.nu
-    g = 8.0 * nu * setup.u_ref / (n * n)
+    n, nx = setup.n, setup.options["nx"]
     cell_type = np.zeros((nx, n + 2), dtype=np.int8)
     cell_type[:, 0] = cell_type[:, -1] = int(CellType.SOLID)
     sim = Simulation(
@@ -116,13 +125,22 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         storage=setup.storage,
         collision=setup.collision,
         magic=setup.magic,
-        force=np.array([g, 0.0]),
+        force=np.array([_force(setup), 0.0]),
         cell_type=cell_type,
     )
+    return sim, sim.init()
+
+
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+    from lbm_jax._observables import velocity
+    from lbm_jax._run import relative_change, run, steady
+
+    n, nu, g = setup.n, setup.nu, _force(setup)
+    sim, start = build(setup)
     tol = setup.options["tol"]
     result = run(
         sim,
-        sim.init(),
+        start,
         setup.steps,
         observe=lambda state: velocity(sim, state)[0, :, 1:-1],
         sample_every=max(100, min(2000, setup.steps // 20)),

@@ -94,8 +94,29 @@ def prepare(
         steps_given=True,
         options=opts,
         runner=_run,
+        builder=build,
         figures=("velocity", "vorticity"),
     )
+
+
+def build(setup: CaseSetup) -> tuple[Any, Any]:
+    """The periodic box of a prepared case and its initial state.
+
+    Returns:
+        ``(sim, state)``: an ``n`` x ``n`` periodic box holding the analytic
+        vortices at t = 0.
+    """
+    from lbm_jax._simulation import Simulation
+
+    sim = Simulation(
+        setup.lattice,
+        (setup.n, setup.n),
+        tau=setup.tau,
+        storage=setup.storage,
+        collision=setup.collision,
+        magic=setup.magic,
+    )
+    return sim, sim.init(*analytic_fields(setup.n, setup.u_ref, setup.nu, 0.0))
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
@@ -103,20 +124,12 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
 
     from lbm_jax._observables import velocity
     from lbm_jax._run import run
-    from lbm_jax._simulation import Simulation
 
     n, nu, u0 = setup.n, setup.nu, setup.u_ref
     k = 2.0 * math.pi / n
     rate_exact = 2.0 * nu * k * k
-    sim = Simulation(
-        setup.lattice,
-        (n, n),
-        tau=setup.tau,
-        storage=setup.storage,
-        collision=setup.collision,
-        magic=setup.magic,
-    )
-    rho0, u_init = analytic_fields(n, u0, nu, 0.0)
+    sim, start = build(setup)
+    _, u_init = analytic_fields(n, u0, nu, 0.0)
     mode = u_init / u0
     weights = mode / float(np.sum(mode * mode))  # projection onto the mode
     projection = jnp.asarray(weights.astype(sim.storage.compute_dtype))
@@ -126,7 +139,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
 
     result = run(
         sim,
-        sim.init(rho0, u_init),
+        start,
         setup.steps,
         observe=amplitude,
         sample_every=max(1, setup.steps // setup.options["samples"]),

@@ -25,65 +25,26 @@ import pytest
 import lbm_jax
 from lbm_jax import CellType
 from lbm_jax.cases import prepare_case
-from lbm_jax.cases.taylor_green import analytic_fields
 from mpjax import formats
 
-
-def _taylor_green(n: int = 32, steps: int = 250) -> np.ndarray:
-    s = prepare_case("taylor_green", n=n)
-    sim = lbm_jax.Simulation("D2Q9", (n, n), tau=s.tau, collision=s.collision)
-    rho, u = analytic_fields(n, s.u_ref, s.nu, 0.0)
-    state = lbm_jax.run(sim, sim.init(rho, u), steps).state
-    return np.asarray(sim.populations(state, shifted=True))
+# (case, n, steps) of the short FP32 runs the scale is measured on.
+_RUNS = (("taylor_green", 32, 250), ("poiseuille", 16, 3000), ("cavity", 32, 3000))
 
 
-def _poiseuille(n: int = 16, steps: int = 3000) -> np.ndarray:
-    s = prepare_case("poiseuille", n=n)
-    cell_type = np.zeros((4, n + 2), np.int8)
-    cell_type[:, [0, -1]] = int(CellType.SOLID)
-    sim = lbm_jax.Simulation(
-        "D2Q9",
-        cell_type.shape,
-        tau=s.tau,
-        collision=s.collision,
-        magic=s.magic,
-        force=np.array([8.0 * s.nu * s.u_ref / n**2, 0.0]),
-        cell_type=cell_type,
-    )
-    state = lbm_jax.run(sim, sim.init(), steps).state
-    return np.asarray(sim.populations(state, shifted=True))[:, :, 1:-1]
-
-
-def _cavity(n: int = 32, steps: int = 3000) -> np.ndarray:
-    s = prepare_case("cavity", n=n)
-    cell_type = np.full((n + 2, n + 2), int(CellType.SOLID), np.int8)
-    cell_type[1:-1, 1:-1] = int(CellType.FLUID)
-    cell_type[1:-1, -1] = int(CellType.WALL)  # the lid, moving in +x
-    wall_velocity = np.zeros((2, n + 2, n + 2))
-    wall_velocity[0, 1:-1, -1] = s.u_ref
-    sim = lbm_jax.Simulation(
-        "D2Q9",
-        cell_type.shape,
-        tau=s.tau,
-        collision=s.collision,
-        magic=s.magic,
-        cell_type=cell_type,
-        wall_velocity=wall_velocity,
-    )
-    state = lbm_jax.run(sim, sim.init(), steps).state
-    return np.asarray(sim.populations(state, shifted=True))[:, 1:-1, 1:-1]
+def _shifted_populations(case: str, n: int, steps: int) -> np.ndarray:
+    """Stored (shifted) FP32 populations of the fluid cells after `steps`."""
+    sim, state = prepare_case(case, n=n, steps=steps).build()
+    state = lbm_jax.run(sim, state, steps).state
+    fluid = sim.cell_type == int(CellType.FLUID)
+    return np.asarray(sim.populations(state, shifted=True))[:, fluid]
 
 
 @pytest.fixture(scope="module")
 def populations() -> dict[str, np.ndarray]:
     """case -> non-zero stored (shifted) FP32 populations of its fluid nodes."""
     out = {}
-    for case, build in (
-        ("taylor_green", _taylor_green),
-        ("poiseuille", _poiseuille),
-        ("cavity", _cavity),
-    ):
-        f = build().ravel()
+    for case, n, steps in _RUNS:
+        f = _shifted_populations(case, n, steps).ravel()
         assert f.dtype == np.float32 and np.all(np.isfinite(f))
         out[case] = f[f != 0]
     return out
