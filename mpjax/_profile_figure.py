@@ -19,11 +19,20 @@ def _exponent_range(fmt: Any) -> tuple[int, int]:
     return math.floor(math.log2(fmt.min_subnormal)), math.floor(math.log2(fmt.max))
 
 
-def range_figure(report: ProfileReport, formats: tuple[str, ...]) -> Any:
+def range_figure(
+    report: ProfileReport,
+    formats: tuple[str, ...],
+    *,
+    title: str | None = None,
+    row_labels: tuple[str, ...] | None = None,
+    row_axis: str | None = None,
+) -> Any:
     """Heat map of log10 counts per record and exponent, with format ranges.
 
     Each format is drawn as a labelled band from floor(log2 min_subnormal) to
     floor(log2 max), with a dashed line at its smallest normal exponent.
+    `title`, `row_labels` (one per record) and `row_axis` (the y-axis label)
+    replace the defaults, which describe the records of a program profile.
     """
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -77,9 +86,18 @@ def range_figure(report: ProfileReport, formats: tuple[str, ...]) -> Any:
     if ends:
         ax.set_xlim(min(ends) - 2, max(ends) + 2)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([r.label[:40] for r in report.records], fontsize=6)
+    if row_labels is None:
+        row_labels = tuple(r.label[:40] for r in report.records)
+    elif len(row_labels) != n:
+        raise ValueError(
+            f"row_labels has {len(row_labels)} entries for {n} records; pass one "
+            "label per record"
+        )
+    ax.set_yticklabels(row_labels, fontsize=6)
     ax.set_xlabel("binary exponent floor(log2|x|)")
-    ax.set_ylabel("recorded value (evaluation order)")
-    ax.set_title("Number range of every floating-point value, with format ranges")
+    ax.set_ylabel(row_axis or "recorded value (evaluation order)")
+    ax.set_title(
+        title or "Number range of every floating-point value, with format ranges"
+    )
     ax.legend(handles=handles, fontsize=7, loc="lower right")
     return fig

@@ -144,6 +144,29 @@ def test_profile_nnx_module_paths(mlp_report):
     assert any("MLP.__call__" in r.location for r in mlp_report.records)
 
 
+def test_profile_names_values_by_nnx_module_path():
+    model = MLP(8, 16, 4, depth=2, rngs=nnx.Rngs(0))
+    classes = [type(model), type(model.hidden[0]), type(model.head)]
+
+    def loss(m, x):
+        return jnp.mean(m(x) ** 2)
+
+    report = mpjax.profile(loss, model, jnp.ones((5, 8)), grads=True, formats=())
+    forward = {
+        r.source
+        for r in report.records
+        if r.primitive == "dot_general" and r.kind == "value"
+    }
+    assert forward == {"jvp(MLP)/hidden.0", "jvp(MLP)/hidden.1", "jvp(MLP)/head"}
+    plain = mpjax.profile(lambda m, x: m(x), model, jnp.ones((5, 8)), formats=())
+    assert "MLP/hidden.0" in {r.source for r in plain.records}
+    grads = {r.source for r in report.records if r.kind == "grad"}
+    assert any(s.endswith("/hidden.0") for s in grads), grads
+    # the model keeps its own classes afterwards
+    assert [type(model), type(model.hidden[0]), type(model.head)] == classes
+    assert isinstance(model(jnp.ones((1, 8))), jax.Array)
+
+
 def test_suggest_policy_prefers_float16_when_values_fit(hand_report):
     fits = mpjax.profile(lambda v: v * 3.0, jnp.linspace(0.5, 100.0, 16), formats=())
     policy, reason = fits.suggest_policy()
@@ -266,3 +289,146 @@ def test_profile_program_matches_profile(hand_report):
     again = finish(jax.device_get(program(*inputs)))
     stats = lambda r: (r.histogram, r.zeros, r.min_abs, r.rounding_error)  # noqa: E731
     assert [stats(r) for r in again.records] == [stats(r) for r in hand_report.records]
+
+
+def _body_records(report, where):
+    return [r for r in report.records if where in r.source]
+
+
+def test_profile_scan_body_histogram_over_iterations():
+    # iteration t (t = 0, 1, 2) computes c * 2**t for c = [1, 1, 0, 3]
+    def fn(c):
+        def body(k, _):
+            return k * jnp.float32(2.0), k * jnp.float32(3.0)
+
+        return jax.lax.scan(body, c, None, length=3)
+
+    report = mpjax.profile(fn, jnp.array([1.0, 1.0, 0.0, 3.0]), formats=("float16",))
+    muls = _body_records(report, "scan/body")
+    assert [r.primitive for r in muls] == ["mul", "mul"]
+    doubled = muls[0]  # 2c, 4c, 8c: exponents 1, 1, 2 | 2, 2, 3 | 3, 3, 4
+    assert (doubled.count, doubled.zeros, doubled.shape) == (12, 3, (4,))
+    exps = report.exponents()
+    want = {1: 2, 2: 3, 3: 3, 4: 1}
+    got = {int(exps[k]): c for k, c in enumerate(doubled.histogram) if c}
+    assert got == want
+    assert (doubled.min_abs, doubled.max_abs) == (2.0, 24.0)
+    assert doubled.rounding_error["float16"] == 0.0
+
+
+def test_profile_while_counts_data_dependent_iterations():
+    def fn(x):
+        # halves x until its sum drops below 1: the trip count depends on the data
+        return jax.lax.while_loop(lambda v: jnp.sum(v) >= 1.0, lambda v: v * 0.5, x)
+
+    x = jnp.array([3.0, 5.0])  # sums 8, 4, 2, 1, 0.5: four iterations
+    (rec,) = _body_records(mpjax.profile(fn, x, formats=()), "while/body")
+    assert rec.count == 4 * 2 and rec.primitive == "mul"
+    assert (rec.min_abs, rec.max_abs) == (0.1875, 2.5)
+
+
+def test_profile_nested_loops_and_fori_loop():
+    def inner(v):
+        return jax.lax.fori_loop(0, 2, lambda i, w: w + 1.0, v)  # a scan
+
+    def fn(x):
+        def outer(c, _):
+            return inner(c) * 2.0, None
+
+        c, _ = jax.lax.scan(outer, x, None, length=3)
+        n = jnp.sum(c).astype(jnp.int32) % 3  # dynamic bound: a while loop
+        return jax.lax.fori_loop(0, n, lambda i, w: w - 1.0, c)
+
+    report = mpjax.profile(fn, jnp.zeros(5), formats=())
+    nested = [r for r in report.records if r.source.count("/body") == 2]
+    assert nested and all(r.count == 5 * 2 * 3 for r in nested)
+    assert "scan/body" in nested[0].source
+    # c = ((0 + 2) * 2 + 2) * 2 + 2) * 2 = 28 per element: sum 140 % 3 = 2 steps
+    (dec,) = [r for r in _body_records(report, "while/body") if r.primitive == "sub"]
+    assert dec.count == 5 * 2 and (dec.min_abs, dec.max_abs) == (26.0, 27.0)
+
+
+def test_profile_cond_counts_the_taken_branch():
+    def fn(x):
+        return jax.lax.cond(x[0] > 0, lambda v: v * 4.0, lambda v: v - 1.0, x)
+
+    report = mpjax.profile(fn, jnp.array([1.0, 2.0]), formats=())
+    taken = _body_records(report, "cond/branch1")  # branches: false, true
+    other = _body_records(report, "cond/branch0")
+    assert [r.count for r in taken] == [2] and taken[0].max_abs == 8.0
+    assert [r.count for r in other] == [0] and other[0].max_abs is None
+    assert report.records[-1].primitive == "output"
+
+
+def test_profile_grads_through_scan():
+    def loss(w, x):
+        def body(h, _):
+            return jnp.tanh(h * w), None
+
+        h, _ = jax.lax.scan(body, x, None, length=4)
+        return jnp.sum(h)
+
+    report = mpjax.profile(loss, jnp.float32(0.5), jnp.ones(3), grads=True)
+    grads = [r for r in report.records if r.kind == "grad"]
+    assert any("scan/body" in r.source for r in grads)
+    assert any("scan/body" in r.source for r in report.records if r.kind == "value")
+    assert all(r.count == 4 * 3 for r in grads if "scan/body" in r.source and r.shape)
+
+
+def test_profile_argnums_selects_cotangents():
+    def loss(a, b, s):
+        return jnp.sum(a * b) * s
+
+    a, b = jnp.ones(2), jnp.full(3, 2.0)[:2]
+    both = mpjax.profile(loss, a, b, jnp.float32(3.0), grads=True, argnums=(0, 1))
+    outs = [r for r in both.records if r.primitive == "output" and r.kind == "grad"]
+    assert [r.max_abs for r in outs] == [6.0, 3.0]  # d/da = b s, d/db = a s
+    second = mpjax.profile(loss, a, b, jnp.float32(3.0), grads=True, argnums=-1)
+    outs = [r for r in second.records if r.primitive == "output" and r.kind == "grad"]
+    assert [(r.shape, r.max_abs) for r in outs] == [((), 4.0)]
+
+
+@pytest.mark.parametrize(
+    ("argnums", "error", "match"),
+    [
+        (2, ValueError, r"selects argument 2.*2 positional"),
+        ((0, 0), ValueError, "repeats"),
+        ((), TypeError, "non-empty tuple of ints"),
+        ("0", TypeError, "int or a non-empty tuple"),
+        (1, ValueError, "argument 1 .*no floating-point leaves"),
+    ],
+)
+def test_profile_rejects_bad_argnums(argnums, error, match):
+    with pytest.raises(error, match=match):
+        mpjax.profile(
+            lambda v, i: jnp.sum(v) * i,
+            jnp.ones(2),
+            jnp.int32(2),
+            grads=True,
+            argnums=argnums,
+        )
+
+
+def test_profile_rejects_argnums_without_grads():
+    with pytest.raises(ValueError, match="grads=True"):
+        mpjax.profile(lambda v: v, jnp.ones(2), argnums=1)
+
+
+def test_nanmedian_last_is_the_lower_median_to_bfloat16():
+    from mpjax._profile_stats import _nanmedian_last
+
+    rng = np.random.default_rng(1)
+    x = np.abs(rng.standard_normal((4, 9))).astype(np.float32)
+    x[1, 3:] = np.nan  # 3 valid
+    x[2] = np.nan  # none
+    x[3, :4] = [0.0, 0.0, 0.0, 0.0]  # lower median of 9 is the 5th smallest
+    got = np.asarray(_nanmedian_last(jnp.asarray(x)))
+    for row, value in zip(x, got, strict=True):
+        valid = np.sort(row[~np.isnan(row)])
+        if valid.size == 0:
+            assert np.isnan(value)
+            continue
+        exact = valid[(valid.size - 1) // 2]
+        assert exact * (1 - 2.0**-7) <= value <= exact
+    exact_bf16 = jnp.array([[0.5, 0.25, 3.0, np.nan]], jnp.float32)
+    assert float(_nanmedian_last(exact_bf16)[0]) == 0.5
