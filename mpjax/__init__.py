@@ -15,6 +15,7 @@ from mpjax._loss_scaling import (
 from mpjax._policy import Policy, get_policy
 from mpjax._profile import profile, profile_program
 from mpjax._profile_report import ProfileReport, RangeFractions, Record
+from mpjax._range import RangeProbe
 from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
@@ -24,6 +25,7 @@ __all__ = [
     "Policy",
     "ProfileReport",
     "RangeFractions",
+    "RangeProbe",
     "Record",
     "StaticLossScaleState",
     "TrainState",
