@@ -8,7 +8,8 @@ Usage::
     python -m experiments list
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
-``lbm_accuracy``, ``lbm_performance``) in order, prints each result table as it
+``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
+``number_range``) in order, prints each result table as it
 finishes, then the wall time of every pipeline, and writes ``summary.json`` and
 ``REPORT.md`` next to the per-pipeline directories. ``--quick`` (the default) fits a
 2-core CPU in about ten minutes; ``--full`` runs paper-scale settings meant for a GPU.

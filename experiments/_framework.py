@@ -73,6 +73,7 @@ PIPELINES: Mapping[str, str] = {
     "lbm_performance": "experiments.lbm_performance",
     "lbm_capsule": "experiments.lbm_capsule",
     "lbm_raindrop": "experiments.lbm_raindrop",
+    "number_range": "experiments.number_range",
 }
 
 #: Wall-time budget (seconds) of each pipeline at the quick scale on a 2-core CPU;
@@ -85,6 +86,7 @@ QUICK_BUDGET_S: Mapping[str, float] = {
     "lbm_performance": 90.0,
     "lbm_capsule": 180.0,
     "lbm_raindrop": 180.0,
+    "number_range": 120.0,
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "full")

@@ -34,7 +34,7 @@ from experiments import _framework, bench_formats
 from experiments._report import markdown_table, new_figure, save_figure
 from mpjax import formats
 
-__all__ = ["Settings", "run", "settings_for"]
+__all__ = ["SIXTEEN_BIT_FORMATS", "Settings", "rounding_error", "run", "settings_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,9 @@ _SETTINGS = {
 }
 
 #: The 16-bit formats, in the registry's order.
-_SWEEP = tuple(n for n in formats.list_formats() if formats.get_format(n).bits == 16)
+SIXTEEN_BIT_FORMATS = tuple(
+    n for n in formats.list_formats() if formats.get_format(n).bits == 16
+)
 
 
 def settings_for(scale: str) -> Settings:
@@ -121,16 +123,25 @@ def _round_trip() -> dict[str, dict[str, int]]:
     return out
 
 
-def _rounding_error(samples: int, seed: int) -> dict[str, Any]:
-    """Max and median relative error per binade of |x| in [2**-64, 2**64)."""
+def rounding_error(
+    samples: int,
+    seed: int,
+    names: tuple[str, ...] = SIXTEEN_BIT_FORMATS,
+    binades: tuple[int, int] = (-64, 64),
+) -> dict[str, Any]:
+    """Max and median relative error per binade of |x| in [2**lo, 2**hi).
+
+    ``samples`` log-uniform random float32 inputs of both signs are rounded to
+    each format of ``names``; ``binades`` are ``(lo, hi)``.
+    """
     rng = np.random.default_rng(seed)
-    lo, hi = -64, 64
+    lo, hi = binades
     exps = rng.uniform(lo, hi, samples)
     x = (np.exp2(exps) * rng.choice([-1.0, 1.0], samples)).astype(np.float32)
     binade = np.floor(np.log2(np.abs(x).astype(np.float64))).astype(int)
     edges = list(range(lo, hi))
     result: dict[str, Any] = {"binades": edges, "formats": {}}
-    for name in _SWEEP:
+    for name in names:
         f = formats.get_format(name)
         r = np.asarray(jax.jit(f.round)(x)).astype(np.float64)
         xd = x.astype(np.float64)
@@ -226,7 +237,7 @@ def run(
 
     facts = _facts()
     round_trip = _round_trip()
-    err = _rounding_error(settings.error_samples, seed)
+    err = rounding_error(settings.error_samples, seed)
     bench = bench_formats.bench(
         2**settings.bench_log2n, repeats=settings.repeats, names=_names(), seed=seed
     )
