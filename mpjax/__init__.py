@@ -12,6 +12,7 @@ from mpjax._loss_scaling import (
     no_loss_scaling,
     static_loss_scaling,
 )
+from mpjax._parallel import batch_sharding, shard_batch, shard_state, state_shardings
 from mpjax._policy import Policy, get_policy
 from mpjax._profile import profile, profile_program
 from mpjax._profile_report import ProfileReport, RangeFractions, Record
@@ -30,6 +31,7 @@ __all__ = [
     "StaticLossScaleState",
     "TrainState",
     "apply_policy",
+    "batch_sharding",
     "dynamic_loss_scaling",
     "formats",
     "get_loss_scale",
@@ -42,5 +44,8 @@ __all__ = [
     "profile_program",
     "nnx_value_and_grad",
     "scaled_value_and_grad",
+    "shard_batch",
+    "shard_state",
+    "state_shardings",
     "static_loss_scaling",
 ]
