@@ -2,6 +2,12 @@
 
 from mpjax import formats
 from mpjax._flax import apply_policy, policy_apply
+from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue, fp8_loss
+from mpjax._fp8_optim import (
+    Fp8DelayedScalingState,
+    fp8_delayed_scaling,
+    update_fp8_meta,
+)
 from mpjax._loss_scaling import (
     DynamicLossScaleState,
     NoLossScaleState,
@@ -21,6 +27,13 @@ from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
 __all__ = [
+    "Fp8Config",
+    "Fp8DelayedScalingState",
+    "Fp8Meta",
+    "Fp8MetaValue",
+    "fp8_delayed_scaling",
+    "fp8_loss",
+    "update_fp8_meta",
     "DynamicLossScaleState",
     "NoLossScaleState",
     "Policy",

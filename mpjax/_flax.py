@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mpjax._fp8 import Fp8Config, attach_fp8
 from mpjax._policy import Policy, get_policy, parse_dtype
 
 __all__ = ["apply_policy", "policy_apply"]
@@ -287,6 +288,7 @@ def apply_policy(
     *,
     overrides: Mapping[type, Policy | str] | None = None,
     attention_softmax_dtype: Any = jnp.float32,
+    fp8: Fp8Config | None = None,
 ) -> _M:
     """Returns a copy of a Flax NNX module that computes under a precision policy.
 
@@ -303,6 +305,10 @@ def apply_policy(
         attention_softmax_dtype: dtype of the attention logits and softmax in
             :class:`flax.nnx.MultiHeadAttention` layers that use Flax's default
             attention function, or ``None`` to leave them in the compute dtype.
+        fp8: an :class:`mpjax.Fp8Config` to run the matrix products of
+            ``nnx.Linear``, ``nnx.LinearGeneral`` (attention projections included)
+            and ``nnx.Einsum`` layers in fp8 with delayed scaling (see
+            :func:`mpjax.fp8_delayed_scaling` for training), or ``None``.
 
     Returns:
         A policy-applied copy of ``model``, an instance of a subclass of its class
@@ -310,8 +316,8 @@ def apply_policy(
         state with ``model``.
 
     Raises:
-        TypeError: ``model`` is not an NNX module, or an override key is not an NNX
-            module class.
+        TypeError: ``model`` is not an NNX module, an override key is not an NNX
+            module class, or ``fp8`` is not an :class:`mpjax.Fp8Config`.
         ValueError: a policy or dtype cannot be parsed.
 
     Example:
@@ -368,6 +374,8 @@ def apply_policy(
             value = node.get_value()
             if _is_float_array(value) and value.dtype != owner.param_dtype:
                 node.set_value(value.astype(owner.param_dtype))
+    if fp8 is not None:
+        attach_fp8(copy, fp8)
     return copy
 
 

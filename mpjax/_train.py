@@ -85,9 +85,18 @@ def _check_optimizer(optimizer: Any) -> None:
 
 
 def _global_norm_unscaled(grads: Any, scale: jax.Array) -> jax.Array:
-    """Global L2 norm of ``grads / scale``, accumulated in float32."""
+    """Global L2 norm of ``grads / scale``, accumulated in float32.
+
+    The fp8 state (:class:`mpjax.Fp8MetaValue`) travels as a "gradient" holding
+    measured amaxes, not derivatives, and is left out.
+    """
+    from mpjax._fp8 import Fp8MetaValue
+
     squares = []
-    for g in jax.tree.leaves(grads):
+    leaves = jax.tree.leaves(grads, is_leaf=lambda x: isinstance(x, Fp8MetaValue))
+    for g in leaves:
+        if isinstance(g, Fp8MetaValue):
+            continue
         if not (hasattr(g, "dtype") and jnp.issubdtype(g.dtype, jnp.inexact)):
             continue  # integer parameters carry no gradient
         if jnp.issubdtype(g.dtype, jnp.complexfloating):
