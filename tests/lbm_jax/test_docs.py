@@ -5,6 +5,7 @@ import importlib
 import math
 import pkgutil
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ def test_the_driver_documents_a_coupled_step():
 def _readme_block(heading: str) -> str:
     text = (Path(__file__).parents[2] / "README.md").read_text()
     section = text[text.index(heading) :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return textwrap.dedent(re.search(r"```python\n(.*?)```", section, re.S).group(1))
 
 
 def test_readme_coupled_step_example_runs(capsys):
@@ -70,3 +71,27 @@ def test_readme_profile_example_runs(capsys):
     assert report.records and "|" in capsys.readouterr().out
     assert policy.compute_dtype is not None
     assert scale >= 1.0 and math.log2(scale).is_integer()
+
+
+def test_readme_range_probe_example_runs(capsys):
+    namespace: dict = {}
+    exec(_readme_block("`mpjax.RangeProbe` takes"), namespace)
+    below = namespace["below"]
+    assert len(below) == 20 and below[0] == 0.0 and below[-1] == 1.0
+    assert "at step 12: 17%" in capsys.readouterr().out
+
+
+@pytest.mark.standard_promotion  # optax.adam promotes internally
+def test_readme_fp8_example_runs():
+    namespace: dict = {}
+    exec(_readme_block("- **fp8 with delayed scaling**"), namespace)
+    metrics = namespace["metrics"]
+    assert np.isfinite(float(metrics["loss"])) and int(namespace["state"].step) == 1
+
+
+def test_readme_data_parallel_example_runs():
+    namespace: dict = {}
+    exec(_readme_block("- **Data parallel and several processes**"), namespace)
+    state = namespace["state"]
+    assert int(state.step) == 1 and not bool(namespace["metrics"]["skipped"])
+    assert len(state.params["w"].sharding.device_set) == 2
