@@ -212,11 +212,22 @@ class _Spec:
     lhs_dtype: np.dtype
     rhs_dtype: np.dtype
     amax_dtype: Any
+    # the static arguments of lax.conv_general_dilated, for a convolution
+    conv: tuple[tuple[str, Any], ...] | None = None
 
     def dot(self, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
         kwargs = (
             {} if self.out_sharding is None else {"out_sharding": self.out_sharding}
         )
+        if self.conv is not None:
+            return lax.conv_general_dilated(
+                lhs,
+                rhs,
+                precision=self.precision,
+                preferred_element_type=self.preferred_element_type,
+                **dict(self.conv),
+                **kwargs,
+            )
         return lax.dot_general(
             lhs,
             rhs,
@@ -313,6 +324,61 @@ class Fp8DotGeneral(nnx.Module):
         return _fp8_dot(spec, lhs, rhs, scale, meta.amax)
 
 
+def _static(value: Any) -> Any:
+    """A hashable copy of a (nested) sequence argument of a convolution."""
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        return tuple(_static(v) for v in value)
+    return value
+
+
+class Fp8ConvGeneralDilated(Fp8DotGeneral):
+    """A drop-in ``lax.conv_general_dilated`` (the ``conv_general_dilated`` of
+    :class:`flax.nnx.Conv`) computing in fp8 with delayed scaling: the input and
+    the kernel in the forward format, the incoming gradient in the gradient
+    format, as for :class:`Fp8DotGeneral`."""
+
+    def __call__(  # type: ignore[override]
+        self,
+        lhs: jax.Array,
+        rhs: jax.Array,
+        window_strides: Any,
+        padding: Any,
+        lhs_dilation: Any = None,
+        rhs_dilation: Any = None,
+        dimension_numbers: Any = None,
+        feature_group_count: int = 1,
+        batch_group_count: int = 1,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        out_sharding: Any = None,
+    ) -> jax.Array:
+        meta = self.fp8_meta.get_value()
+        lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+        conv = {
+            "window_strides": window_strides,
+            "padding": padding,
+            "lhs_dilation": lhs_dilation,
+            "rhs_dilation": rhs_dilation,
+            "dimension_numbers": dimension_numbers,
+            "feature_group_count": feature_group_count,
+            "batch_group_count": batch_group_count,
+        }
+        spec = _Spec(
+            dimension_numbers=None,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+            out_sharding=out_sharding,
+            forward_dtype=self.config.forward_dtype,
+            gradient_dtype=self.config.gradient_dtype,
+            lhs_dtype=lhs.dtype,
+            rhs_dtype=rhs.dtype,
+            amax_dtype=meta.amax.dtype,
+            conv=tuple((k, _static(v)) for k, v in conv.items()),
+        )
+        scale = lax.stop_gradient(meta.scale)
+        return _fp8_dot(spec, lhs, rhs, scale, meta.amax)
+
+
 class Fp8Einsum(Fp8DotGeneral):
     """A drop-in ``jnp.einsum`` (the ``einsum_op`` of :class:`flax.nnx.Einsum`)
     whose matrix products run through :class:`Fp8DotGeneral`."""
@@ -340,8 +406,9 @@ def attach_fp8(model: nnx.Module, config: Fp8Config) -> int:
 
     :class:`flax.nnx.Linear` and :class:`flax.nnx.LinearGeneral` (which includes
     the projections of :class:`flax.nnx.MultiHeadAttention`) get a
-    :class:`Fp8DotGeneral`, :class:`flax.nnx.Einsum` an :class:`Fp8Einsum`.
-    Layers with a custom product function are left alone. Prefer
+    :class:`Fp8DotGeneral`, :class:`flax.nnx.Einsum` an :class:`Fp8Einsum`,
+    :class:`flax.nnx.Conv` an :class:`Fp8ConvGeneralDilated`. Layers with a custom
+    product function, and transposed convolutions, are left alone. Prefer
     ``mpjax.apply_policy(model, policy, fp8=config)``, which calls this on a copy.
 
     Args:
@@ -371,6 +438,11 @@ def attach_fp8(model: nnx.Module, config: Fp8Config) -> int:
             module.dot_general = nnx.data(Fp8DotGeneral(config))
         elif isinstance(module, nnx.Einsum) and module.einsum_op is jnp.einsum:
             module.einsum_op = nnx.data(Fp8Einsum(config))
+        elif (
+            isinstance(module, nnx.Conv)
+            and module.conv_general_dilated is lax.conv_general_dilated
+        ):
+            module.conv_general_dilated = nnx.data(Fp8ConvGeneralDilated(config))
         else:
             continue
         count += 1

@@ -342,3 +342,29 @@ def test_digits_mlp_fp8_matches_bfloat16():
     # the tolerances of the amp pipeline's mlp task (experiments/_amp_tasks.py)
     assert abs(loss_fp8 - loss_bf16) <= 0.02 + 0.10 * loss_bf16
     assert abs(acc_fp8 - acc_bf16) <= 0.03
+
+
+def test_conv_runs_in_fp8_forward_and_backward():
+    config = Fp8Config(history_length=4)
+    conv = nnx.Conv(2, 3, (3, 3), rngs=nnx.Rngs(0))
+    model = mpjax.apply_policy(conv, "float32", fp8=config)
+    assert type(conv.conv_general_dilated).__name__ != "Fp8ConvGeneralDilated"
+    x = jax.random.normal(jax.random.key(1), (2, 6, 6, 2))
+    # initial scales are 1: the operands are rounded to e4m3 as they are
+    e4m3 = jnp.float8_e4m3fn
+    kernel = model.kernel[...].astype(e4m3).astype(jnp.float32)
+    expected = nnx.Conv(2, 3, (3, 3), rngs=nnx.Rngs(0))
+    expected.kernel[...] = kernel
+    np.testing.assert_allclose(
+        model(x), expected(x.astype(e4m3).astype(jnp.float32)), rtol=1e-5, atol=1e-6
+    )
+    graphdef, params, rest = nnx.split(model, (nnx.Param, Fp8Meta), ...)
+
+    def loss(p, x):
+        return jnp.mean(nnx.merge(graphdef, p, rest)(x) ** 2)
+
+    grad = jax.grad(fp8_loss(loss), allow_int=True)
+    text = str(jax.make_jaxpr(grad)(params, x))
+    assert "f8_e4m3fn" in text and "f8_e5m2" in text
+    amax = grad(params, x)["conv_general_dilated"]["fp8_meta"].get_value().amax
+    assert float(amax[0]) == pytest.approx(float(jnp.max(jnp.abs(x))))
