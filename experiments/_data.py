@@ -7,7 +7,9 @@ Everything here ships inside installed packages, so nothing is downloaded:
 * :func:`noisy_digits` - the same images with seeded Gaussian noise, as a denoising
   task for a convolutional U-Net (inputs and targets of shape ``(N, 8, 8, 1)``).
 * :func:`python_text` - the source text of a few standard-library modules of the
-  running Python, encoded as 7-bit ASCII codes for a character-level language model.
+  running Python, encoded as 7-bit ASCII codes; :func:`char_windows` cuts seeded
+  windows from it and :func:`mask_tokens` masks them for masked language modelling
+  (BERT's 80/10/10 rule, with the extra token :data:`MASK_ID`).
 
 Results depend only on the seed and on the installed scikit-learn / Python versions
 (which the experiment framework records).
@@ -23,16 +25,27 @@ import numpy as np
 
 __all__ = [
     "ASCII_VOCAB",
+    "MASK_ID",
+    "MLM_VOCAB",
     "Split",
     "TEXT_MODULES",
     "char_windows",
     "digits",
+    "mask_tokens",
     "noisy_digits",
     "python_text",
 ]
 
 #: Size of the character vocabulary of :func:`python_text` (7-bit ASCII).
 ASCII_VOCAB = 128
+
+#: Token id of ``[MASK]``: the first id after the ASCII codes.
+MASK_ID = ASCII_VOCAB
+
+#: Vocabulary size of the masked language model: the ASCII codes and ``[MASK]``,
+#: rounded up to a multiple of 8 so the embedding and output matrices tile evenly on
+#: tensor cores (ids above ``MASK_ID`` never occur in the data).
+MLM_VOCAB = -(-(MASK_ID + 1) // 8) * 8
 
 #: Standard-library modules whose source makes up :func:`python_text`.
 TEXT_MODULES = ("textwrap", "string", "functools", "dataclasses")
@@ -150,3 +163,59 @@ def char_windows(
     index = starts[:, None] + np.arange(length + 1)[None, :]
     windows = codes[index]
     return windows[:, :-1].astype(np.int32), windows[:, 1:].astype(np.int32)
+
+
+def mask_tokens(
+    tokens: np.ndarray, *, seed: int, rate: float = 0.15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """BERT's masking of token windows for masked language modelling.
+
+    In every window ``max(1, round(rate * length))`` positions are chosen at random
+    (seeded); of the chosen positions 80 % become :data:`MASK_ID`, 10 % a uniformly
+    random ASCII code and 10 % keep their token. The model has to predict the
+    original token at exactly the chosen positions.
+
+    Args:
+        tokens: int array of shape ``(count, length)`` with codes below
+            :data:`MASK_ID`, e.g. the inputs from :func:`char_windows`.
+        seed: seed of the positions and replacements.
+        rate: share of the positions to predict, in (0, 1).
+
+    Returns:
+        ``(inputs, targets, mask)``: the corrupted tokens (int32), the original
+        tokens (int32) and the chosen positions (bool), each of shape
+        ``(count, length)``.
+
+    >>> inputs, targets, mask = mask_tokens(np.full((2, 20), 65), seed=0)
+    >>> mask.sum(axis=1).tolist(), bool(np.all(inputs[~mask] == 65))
+    ([3, 3], True)
+    """
+    if not 0.0 < rate < 1.0:
+        raise ValueError(
+            f"rate must lie strictly between 0 and 1, got {rate}; pass e.g. 0.15."
+        )
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(
+            f"tokens must be a 2-D integer array (count, length), got dtype "
+            f"{tokens.dtype} and shape {tokens.shape}."
+        )
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= MASK_ID):
+        raise ValueError(
+            f"tokens must lie in [0, {MASK_ID}) (ASCII codes), got values in "
+            f"[{tokens.min()}, {tokens.max()}]."
+        )
+    count, length = tokens.shape
+    chosen = max(1, round(rate * length))
+    rng = np.random.default_rng(seed)
+    # The `chosen` smallest of `length` uniform keys per row: a uniformly random
+    # subset of positions of that size in every window.
+    keys = rng.random((count, length))
+    positions = np.argsort(keys, axis=1)[:, :chosen]
+    mask = np.zeros((count, length), bool)
+    np.put_along_axis(mask, positions, True, axis=1)
+    action = rng.random((count, length))
+    random_codes = rng.integers(0, ASCII_VOCAB, size=(count, length))
+    inputs = np.where(mask & (action < 0.8), MASK_ID, tokens)
+    inputs = np.where(mask & (action >= 0.8) & (action < 0.9), random_codes, inputs)
+    return inputs.astype(np.int32), tokens.astype(np.int32), mask

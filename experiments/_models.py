@@ -3,14 +3,14 @@
 * :class:`MLP` - a feed-forward classifier (digits).
 * :class:`UNet` - a small convolutional encoder/decoder with skip connections
   (digit denoising), with GroupNorm in every block.
-* :class:`TransformerLM` - a pre-LayerNorm causal transformer for character-level
-  language modelling.
+* :class:`BertMLM` - a BERT-style bidirectional transformer encoder (pre-LayerNorm
+  :class:`EncoderBlock` s) with a masked-language-modelling head, for characters.
 
 The models are written dtype-agnostically: layers take their computation dtype from
 their ``dtype`` attributes (set by :func:`mpjax.apply_policy`), and every place that
 mixes a layer output with something else casts explicitly, so they also run under
 JAX's strict dtype promotion. Loss functions take ``(model, batch)`` and return a
-float32 scalar.
+float32 scalar; the metric functions take the same arguments.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ import jax.numpy as jnp
 from flax import nnx
 
 __all__ = [
+    "BertMLM",
+    "EncoderBlock",
     "MLP",
-    "TransformerBlock",
-    "TransformerLM",
     "UNet",
+    "classification_accuracy",
     "classification_loss",
     "denoising_loss",
-    "language_model_loss",
+    "masked_lm_loss",
+    "masked_token_accuracy",
 ]
 
 
@@ -130,8 +132,9 @@ class UNet(nnx.Module):
         return self.head(h)
 
 
-class TransformerBlock(nnx.Module):
-    """Pre-LayerNorm transformer block: causal self-attention and a GELU MLP."""
+class EncoderBlock(nnx.Module):
+    """Pre-LayerNorm transformer encoder block: bidirectional (unmasked)
+    self-attention and a GELU MLP, each in a residual branch."""
 
     def __init__(self, dim: int, heads: int, *, rngs: nnx.Rngs) -> None:
         if dim % heads:
@@ -145,15 +148,22 @@ class TransformerBlock(nnx.Module):
         self.mlp_out = nnx.Linear(4 * dim, dim, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        mask = nnx.make_causal_mask(x[..., 0], dtype=jnp.bool_)
-        h = self.attention(self.norm1(x), mask=mask)
+        # No attention mask: every position attends to every other one.
+        h = self.attention(self.norm1(x))
         x = x + h.astype(x.dtype)
         h = self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm2(x))))
         return x + h.astype(x.dtype)
 
 
-class TransformerLM(nnx.Module):
-    """Causal character-level language model with learned positional embeddings."""
+class BertMLM(nnx.Module):
+    """A BERT-style encoder with a masked-language-modelling head.
+
+    Token and learned position embeddings, ``layers`` pre-LayerNorm
+    :class:`EncoderBlock` s with bidirectional self-attention, a final LayerNorm and
+    BERT's prediction head (dense, GELU, LayerNorm, projection to the vocabulary).
+    Calling it on int tokens of shape ``(..., length)`` returns logits of shape
+    ``(..., length, vocab)``.
+    """
 
     def __init__(
         self,
@@ -165,15 +175,19 @@ class TransformerLM(nnx.Module):
         max_length: int = 128,
         rngs: nnx.Rngs,
     ) -> None:
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}.")
         self.embed = nnx.Embed(vocab, dim, rngs=rngs)
         self.position = nnx.Param(
             0.02 * jax.random.normal(rngs.params(), (max_length, dim), jnp.float32)
         )
         self.blocks = nnx.List(
-            [TransformerBlock(dim, heads, rngs=rngs) for _ in range(layers)]
+            [EncoderBlock(dim, heads, rngs=rngs) for _ in range(layers)]
         )
         self.norm = nnx.LayerNorm(dim, rngs=rngs)
-        self.head = nnx.Linear(dim, vocab, rngs=rngs)
+        self.head_dense = nnx.Linear(dim, dim, rngs=rngs)
+        self.head_norm = nnx.LayerNorm(dim, rngs=rngs)
+        self.head_out = nnx.Linear(dim, vocab, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         length = tokens.shape[-1]
@@ -186,7 +200,8 @@ class TransformerLM(nnx.Module):
         x = x + self.position[...][None, :length].astype(x.dtype)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        h = jax.nn.gelu(self.head_dense(self.norm(x)))
+        return self.head_out(self.head_norm(h))
 
 
 def classification_loss(model: nnx.Module, batch: tuple) -> jax.Array:
@@ -203,14 +218,37 @@ def denoising_loss(model: nnx.Module, batch: tuple) -> jax.Array:
     return jnp.mean(jnp.square(error))
 
 
-def language_model_loss(model: nnx.Module, batch: tuple) -> jax.Array:
-    """Mean next-token cross-entropy in nats per character, float32."""
-    tokens, targets = batch
-    logits = model(tokens).astype(jnp.float32)
-    return _cross_entropy(logits, targets)
+def masked_lm_loss(model: nnx.Module, batch: tuple) -> jax.Array:
+    """Mean cross-entropy in nats over the masked positions only, float32.
+
+    ``batch`` is ``(inputs, targets, mask)`` from :func:`experiments._data.mask_tokens`;
+    positions where ``mask`` is false do not enter the loss.
+    """
+    inputs, targets, mask = batch
+    logits = model(inputs).astype(jnp.float32)
+    return _cross_entropy(logits, targets, mask)
 
 
-def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def classification_accuracy(model: nnx.Module, batch: tuple) -> jax.Array:
+    """Share of ``(x, y)`` examples whose arg-max logit is the label, float32."""
+    x, y = batch
+    hits = jnp.argmax(model(x), axis=-1) == y
+    return jnp.mean(hits.astype(jnp.float32))
+
+
+def masked_token_accuracy(model: nnx.Module, batch: tuple) -> jax.Array:
+    """Share of masked positions whose arg-max logit is the original token."""
+    inputs, targets, mask = batch
+    hits = (jnp.argmax(model(inputs), axis=-1) == targets) & mask
+    return jnp.sum(hits.astype(jnp.float32)) / jnp.sum(mask.astype(jnp.float32))
+
+
+def _cross_entropy(
+    logits: jax.Array, labels: jax.Array, where: jax.Array | None = None
+) -> jax.Array:
     log_probs = jax.nn.log_softmax(logits, axis=-1)
-    picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)
-    return -jnp.mean(picked)
+    picked = jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    if where is None:
+        return -jnp.mean(picked)
+    weights = where.astype(jnp.float32)
+    return -jnp.sum(picked * weights) / jnp.sum(weights)

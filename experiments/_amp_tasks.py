@@ -1,0 +1,195 @@
+"""The AMP pipeline's tasks: three network archetypes with data and tolerances.
+
+* ``mlp`` - a feed-forward classifier on scikit-learn's 8x8 digits;
+* ``unet`` - a U-Net denoising the same digits (seeded Gaussian noise);
+* ``bert`` - a BERT-style bidirectional encoder trained by masked language modelling
+  on the source text of standard-library modules (15 % of the characters chosen,
+  BERT's 80/10/10 replacement rule, loss on the chosen positions only).
+
+Each :class:`Task` states the tolerance within which a mixed-precision run must
+reach the float32 held-out loss (and held-out metric, where there is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from experiments import _data, _models
+
+__all__ = ["SETTINGS", "Metric", "Settings", "Task", "make_tasks"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Sizes of the three tasks at one scale (``bert_*`` for the encoder)."""
+
+    steps: int
+    batch: int
+    mlp_width: int
+    unet_channels: int
+    unet_levels: int
+    bert_steps: int
+    bert_dim: int
+    bert_heads: int
+    bert_layers: int
+    bert_length: int
+    bert_batch: int
+    bert_learning_rate: float
+
+
+#: Settings by scale.
+SETTINGS: Mapping[str, Settings] = types.MappingProxyType(
+    {
+        "tiny": Settings(20, 32, 32, 4, 1, 20, 32, 4, 1, 16, 8, 3e-3),
+        # Masked language modelling has few targets per step (15 % of the
+        # characters), so the encoder gets more steps than the other networks.
+        "quick": Settings(150, 128, 128, 8, 1, 400, 64, 4, 1, 32, 32, 3e-3),
+        # A GPU: a 3.3-million-parameter encoder on 128-character windows, with a
+        # smaller step size for its four blocks (no warm-up schedule).
+        "full": Settings(3000, 512, 512, 64, 2, 3000, 256, 4, 4, 128, 64, 1e-3),
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """A held-out metric besides the loss and its tolerance against float32.
+
+    Attributes:
+        name: e.g. ``accuracy`` or ``masked-token accuracy``.
+        fn: ``fn(model, batch) -> float32 scalar``.
+        atol: largest accepted absolute difference from the float32 value.
+    """
+
+    name: str
+    fn: Callable[[nnx.Module, Any], jax.Array]
+    atol: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A network, its loss, training batches and held-out evaluation.
+
+    Attributes:
+        name: short name (``mlp``, ``unet``, ``bert``).
+        model: the float32 Flax NNX model (never modified).
+        loss: ``loss(model, batch) -> float32 scalar``.
+        batches: training batches stacked along a leading step axis.
+        eval_batch: the held-out set as one batch.
+        learning_rate: Adam learning rate.
+        rtol: relative tolerance on the held-out loss against float32.
+        atol: absolute tolerance on the held-out loss against float32.
+        metric: the held-out metric besides the loss, if any.
+    """
+
+    name: str
+    model: nnx.Module
+    loss: Callable[[nnx.Module, Any], jax.Array]
+    batches: tuple[np.ndarray, ...]
+    eval_batch: tuple[np.ndarray, ...]
+    learning_rate: float
+    rtol: float
+    atol: float
+    metric: Metric | None = None
+
+
+def _sample(
+    split_x: np.ndarray, split_y: np.ndarray, *, steps: int, batch: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded minibatches (with replacement) stacked as ``(steps, batch, ...)``."""
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(split_x), size=(steps, batch))
+    return split_x[index], split_y[index]
+
+
+def _masked_windows(
+    codes: np.ndarray, *, length: int, count: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``count`` seeded windows of ``codes``, masked for masked language modelling."""
+    windows, _ = _data.char_windows(codes, length=length, count=count, seed=seed)
+    return _data.mask_tokens(windows, seed=seed)
+
+
+def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
+    """Builds the three tasks at a scale (``tiny``, ``quick`` or ``full``).
+
+    Args:
+        scale: problem size; ``tiny`` is for tests, ``full`` for a GPU.
+        seed: seed of the data splits, batch order, masks and initial parameters.
+
+    Returns:
+        ``{"mlp": Task, "unet": Task, "bert": Task}``.
+    """
+    if scale not in SETTINGS:
+        raise ValueError(
+            f"scale must be one of {sorted(SETTINGS)}, got {scale!r}; pass 'quick'."
+        )
+    s = SETTINGS[scale]
+    digits = _data.digits(seed=seed)
+    noisy = _data.noisy_digits(seed=seed)
+    codes = _data.python_text()
+    n_eval = int(0.1 * len(codes))
+    train_codes, eval_codes = codes[:-n_eval], codes[-n_eval:]
+    mlm_train = _masked_windows(
+        train_codes, length=s.bert_length, count=s.bert_steps * s.bert_batch, seed=seed
+    )
+    mlm_eval = _masked_windows(
+        eval_codes, length=s.bert_length, count=8 * s.bert_batch, seed=seed + 1
+    )
+    rngs = nnx.Rngs(seed)
+    return {
+        "mlp": Task(
+            "mlp",
+            _models.MLP(64, s.mlp_width, 10, rngs=rngs),
+            _models.classification_loss,
+            _sample(
+                digits.x_train, digits.y_train, steps=s.steps, batch=s.batch, seed=seed
+            ),
+            (digits.x_test, digits.y_test),
+            learning_rate=3e-3,
+            rtol=0.10,
+            atol=0.02,
+            metric=Metric("accuracy", _models.classification_accuracy, atol=0.03),
+        ),
+        "unet": Task(
+            "unet",
+            _models.UNet(s.unet_channels, levels=s.unet_levels, rngs=rngs),
+            _models.denoising_loss,
+            _sample(
+                noisy.x_train, noisy.y_train, steps=s.steps, batch=s.batch, seed=seed
+            ),
+            (noisy.x_test, noisy.y_test),
+            learning_rate=3e-3,
+            rtol=0.10,
+            atol=0.002,
+        ),
+        "bert": Task(
+            "bert",
+            _models.BertMLM(
+                _data.MLM_VOCAB,
+                s.bert_dim,
+                heads=s.bert_heads,
+                layers=s.bert_layers,
+                max_length=s.bert_length,
+                rngs=rngs,
+            ),
+            _models.masked_lm_loss,
+            tuple(
+                a.reshape(s.bert_steps, s.bert_batch, s.bert_length) for a in mlm_train
+            ),
+            mlm_eval,
+            learning_rate=s.bert_learning_rate,
+            rtol=0.05,
+            atol=0.05,
+            metric=Metric(
+                "masked-token accuracy", _models.masked_token_accuracy, atol=0.03
+            ),
+        ),
+    }
