@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mpjax._fp8 import Fp8Config, attach_fp8
+from mpjax._fp8 import Fp8Config
+from mpjax._fp8_ops import attach_fp8
 from mpjax._policy import Policy, get_policy, parse_dtype
 
 __all__ = ["apply_policy", "policy_apply"]

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 import mpjax
-from mpjax._fp8 import Fp8Config, Fp8DotGeneral, Fp8Meta, Fp8MetaValue, fp8_loss
+from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue, fp8_loss
+from mpjax._fp8_ops import Fp8DotGeneral
 from mpjax._fp8_optim import fp8_delayed_scaling, update_fp8_meta
 
 E4M3, E5M2 = 448.0, 57344.0
