@@ -304,6 +304,8 @@ def test_drop_impact_2d_crown_grows_as_a_square_root(impact2d):
     _check_impact(s, series)
 
 
+# ~20 s: with the slow tests; the 2-D impact checks the same law by default.
+@pytest.mark.slow
 def test_drop_impact_3d_crown_grows_as_a_square_root(impact3d):
     result, out = impact3d
     assert result.summary["lattice"] == "D3Q19"
