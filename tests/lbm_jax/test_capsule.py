@@ -25,10 +25,20 @@ from lbm_jax.ibm import IBMState, ImmersedBoundary, Membrane, icosphere, volume
 CI_CAPSULE = {"radius": 5.0, "n": 40, "width": 24, "re": 0.05, "ca": 0.03}
 
 
+# A short run in a small box, for what a run writes (seconds, not minutes).
+SMALL_CAPSULE = {"radius": 3.0, "n": 16, "width": 14, "re": 0.1, "steps": 60}
+
+
 @pytest.fixture(scope="module")
 def capsule(tmp_path_factory):
     out = tmp_path_factory.mktemp("capsule")
     return run_case("capsule", out_dir=out, **CI_CAPSULE), out
+
+
+@pytest.fixture(scope="module")
+def small_capsule(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small_capsule")
+    return run_case("capsule", out_dir=out, **SMALL_CAPSULE), out
 
 
 def _box(shape=(16, 16, 16), storage="fp32"):
@@ -107,14 +117,14 @@ def test_capsule_deformation_matches_small_deformation_theory(capsule):
     assert s["area_drift"] < 1e-2
 
 
-def test_capsule_writes_membrane_fields_and_figures(capsule):
-    result, out = capsule
+def test_capsule_writes_membrane_fields_and_figures(small_capsule):
+    result, out = small_capsule
     for name in ("membrane.npz", "membrane.vtp", "deformation.png", "snapshot.png"):
         assert (out / name).stat().st_size > 0, name
     membrane = np.load(out / "membrane.npz")
     assert membrane["nodes"].shape == (642, 3) and membrane["faces"].shape == (1280, 3)
     fields = np.load(out / "fields.npz")
-    w, h = CI_CAPSULE["width"], CI_CAPSULE["n"]
+    w, h = SMALL_CAPSULE["width"], SMALL_CAPSULE["n"]
     assert fields["u"].shape == (3, w, w, h)  # the wall layers are left out
     assert fields["D"].shape == fields["t"].shape
     summary = json.loads((out / "summary.json").read_text())

@@ -81,7 +81,14 @@ def runs(tasks) -> dict[tuple[str, str], amp.RunRecord]:
         (name, policy): amp.train(task, policy)
         for name, task in tasks.items()
         for policy in amp.POLICIES
+        if (name, policy) not in SKIPPED
     }
+
+
+# fp8 accuracy is checked on the MLP and the encoder here; the U-Net's fp8 run (its
+# convolutions in fp8) is a check of the amp pipeline, and tests/mpjax/test_fp8.py
+# tests the fp8 convolution itself.
+SKIPPED = {("unet", "fp8")}
 
 
 NAMES = ["mlp", "unet", "bert"]
@@ -101,15 +108,19 @@ def test_float32_training_learns(runs, name):
 
 
 @pytest.mark.parametrize(
-    ("policy", "reference"),
+    ("name", "policy", "reference"),
     [
-        ("mixed_bfloat16", "float32"),
-        ("mixed_float16", "float32"),
-        ("fp8", "float32"),
-        ("fp8", "mixed_bfloat16"),  # fp8 computes around bfloat16
+        (name, policy, reference)
+        for name in NAMES
+        for policy, reference in [
+            ("mixed_bfloat16", "float32"),
+            ("mixed_float16", "float32"),
+            ("fp8", "float32"),
+            ("fp8", "mixed_bfloat16"),  # fp8 computes around bfloat16
+        ]
+        if (name, policy) not in SKIPPED
     ],
 )
-@pytest.mark.parametrize("name", NAMES)
 def test_mixed_training_reaches_reference_loss(tasks, runs, name, policy, reference):
     task, record = tasks[name], runs[name, policy]
     reference = runs[name, reference]
