@@ -29,9 +29,14 @@ from mpjax._profile_eval import Collector, evaluate
 from mpjax._profile_nnx import module_scopes
 from mpjax._profile_report import DEFAULT_FORMATS, ProfileReport, Record
 from mpjax._profile_stats import is_float
-from mpjax.formats import get_format
+from mpjax.formats import NumberFormat, get_format
 
 __all__ = ["profile", "profile_program"]
+
+#: Lowest and highest binary exponent of the histograms unless told otherwise:
+#: every finite float64 magnitude that matters in practice, float32 subnormals
+#: included.
+DEFAULT_BINS = (-160, 130)
 
 
 def _has_float(jaxpr: Any) -> bool:
@@ -139,13 +144,33 @@ def _check_bins(bins: Any) -> tuple[int, int]:
     return int(bins[0]), int(bins[1])
 
 
+def check_settings(
+    formats: Any, bins: Any, sample: Any
+) -> tuple[list[NumberFormat], tuple[int, int]]:
+    """Validates the statistics settings shared by `profile` and `RangeProbe`.
+
+    Returns:
+        The candidate formats and ``(lowest, highest)`` histogram exponents.
+    """
+    if isinstance(formats, str):
+        raise TypeError(
+            f"formats must be a sequence of format names, got the string "
+            f"{formats!r}; pass formats=({formats!r},)"
+        )
+    fmts = [get_format(name) for name in formats]  # raises, listing known names
+    bins = _check_bins(bins)
+    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 1:
+        raise ValueError(f"sample must be a positive int, got {sample!r}; e.g. 128")
+    return fmts, bins
+
+
 def profile(
     fn: Callable[..., Any],
     *args: Any,
     formats: Sequence[str] = DEFAULT_FORMATS,
     grads: bool = False,
     argnums: int | Sequence[int] = 0,
-    bins: tuple[int, int] = (-160, 130),
+    bins: tuple[int, int] = DEFAULT_BINS,
     sample: int = 128,
 ) -> ProfileReport:
     """Profiles the number range of every floating-point value of `fn(*args)`.
@@ -212,7 +237,7 @@ def profile_program(
     formats: Sequence[str] = DEFAULT_FORMATS,
     grads: bool = False,
     argnums: int | Sequence[int] = 0,
-    bins: tuple[int, int] = (-160, 130),
+    bins: tuple[int, int] = DEFAULT_BINS,
     sample: int = 128,
 ) -> tuple[Callable[..., Any], tuple[Any, ...], Callable[[Any], ProfileReport]]:
     """The compiled statistics program of `profile`, split from its report.
@@ -227,15 +252,7 @@ def profile_program(
     """
     if not callable(fn):
         raise TypeError(f"profile: fn must be callable, got {type(fn).__name__}")
-    if isinstance(formats, str):
-        raise TypeError(
-            f"formats must be a sequence of format names, got the string "
-            f"{formats!r}; pass formats=({formats!r},)"
-        )
-    fmts = [get_format(name) for name in formats]
-    lo, hi = _check_bins(bins)
-    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 1:
-        raise ValueError(f"sample must be a positive int, got {sample!r}; e.g. 128")
+    fmts, (lo, hi) = check_settings(formats, bins, sample)
     if grads:
         traced_fn = _forward_backward(fn, argnums, args)
     elif argnums != 0:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mpjax._profile import _check_bins
+from mpjax._profile import DEFAULT_BINS, check_settings
 from mpjax._profile_report import DEFAULT_FORMATS, ProfileReport, Record
 from mpjax._profile_stats import _summaries
 from mpjax.formats import get_format
@@ -67,24 +67,14 @@ class RangeProbe:
     """
 
     formats: tuple[str, ...] = DEFAULT_FORMATS
-    bins: tuple[int, int] = (-160, 130)
+    bins: tuple[int, int] = DEFAULT_BINS
     sample: int = 256
 
     def __post_init__(self) -> None:
-        if isinstance(self.formats, str):
-            raise TypeError(
-                f"formats must be a sequence of format names, got the string "
-                f"{self.formats!r}; pass formats=({self.formats!r},)"
-            )
-        object.__setattr__(self, "formats", tuple(self.formats))
-        for name in self.formats:
-            get_format(name)  # raises, listing the known names
-        object.__setattr__(self, "bins", _check_bins(self.bins))
-        ok = isinstance(self.sample, int) and not isinstance(self.sample, bool)
-        if not ok or self.sample < 1:
-            raise ValueError(
-                f"sample must be a positive int, got {self.sample!r}; e.g. 256"
-            )
+        if not isinstance(self.formats, str):
+            object.__setattr__(self, "formats", tuple(self.formats))
+        _, bins = check_settings(self.formats, self.bins, self.sample)
+        object.__setattr__(self, "bins", bins)
 
     def __call__(
         self,
