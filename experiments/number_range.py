@@ -377,7 +377,7 @@ def _range_figure(
     for ax in axes.ravel()[len(cases) :]:
         ax.set_visible(False)
     handles, labels = [], []
-    for a in (axes[0, 0], axes[0, 0].figure.axes[-1]):
+    for a in (axes[0, 0], twin):  # the histograms, then the precision curves
         h, lab = a.get_legend_handles_labels()
         handles += h
         labels += lab
