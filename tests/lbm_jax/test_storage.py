@@ -88,6 +88,21 @@ def test_sixteen_bit_round_trip_within_format_precision(name):
     assert rel.max() > 0
 
 
+def test_bfloat16_storage_holds_the_bfloat16_bit_patterns():
+    pol = get_storage("bf16")
+    assert pol.storage_dtype == np.dtype(np.uint16)  # moved as 16-bit integers
+    specials = [np.inf, -np.inf, np.nan, 0.0, -0.0, 3.0e38, 1e-39]
+    x = np.concatenate([np.random.default_rng(2).normal(0, 1e-3, 4096), specials])
+    x = jnp.asarray(x, jnp.float32)
+    stored = jax.jit(pol.encode)(x)
+    native = np.asarray(x.astype(jnp.bfloat16)).view(np.uint16)
+    np.testing.assert_array_equal(np.asarray(stored), native)
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(pol.decode)(stored)),
+        np.asarray(x.astype(jnp.bfloat16), np.float32),
+    )
+
+
 def test_fp32_storage_is_exact():
     pol = get_storage("fp32")
     x = jnp.asarray(np.random.default_rng(1).normal(size=64), jnp.float32)
