@@ -19,17 +19,19 @@ On a GPU, ``--full`` runs D3Q19 up to 256^3 and compares with FluidX3D's publish
 H200 figures (Lehmann et al. / FluidX3D README): 23,056 MLUPs (FP32/FP32), 36,610
 (FP32/FP16S) and 20,291 (FP32/FP16C).
 
+Strong and weak scaling over device counts (:class:`Scaling`) run the same
+command with ``--devices P`` in a process with exactly ``P`` host devices, and
+report MLUPs, speedup, efficiency and the halo traffic per step.
+
 Outputs: ``results.json``, ``mlups.png``, ``REPORT.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,6 +39,14 @@ from typing import Any
 
 import lbm_jax
 from experiments import _framework
+from experiments._lbm_scaling import (
+    Scaling,
+    analyse_scaling,
+    bench_json,
+    measure_scaling,
+    scaling_checks,
+    scaling_table,
+)
 from experiments._report import (
     checks_section,
     markdown_table,
@@ -49,6 +59,7 @@ __all__ = [
     "FLUIDX3D_H200_MLUPS",
     "RATIO_TARGETS",
     "RatioTarget",
+    "Scaling",
     "Settings",
     "analyse_rows",
     "evaluate_checks",
@@ -144,6 +155,7 @@ class Settings:
             round's figure).
         rounds: interleaved rounds over the storage policies of a grid.
         targets: the speed ratios checked at this scale.
+        scaling: the strong and weak scaling sweep (``None`` for none).
     """
 
     grids: tuple[tuple[str, int], ...]
@@ -152,6 +164,7 @@ class Settings:
     repeats: int
     rounds: int
     targets: tuple[RatioTarget, ...] = ()
+    scaling: Scaling | None = None
 
     def steps(self, lattice: str, n: int) -> int:
         """Time steps per timed repeat on an ``n``-cell-per-side grid."""
@@ -165,6 +178,7 @@ _SETTINGS = {
         updates=2e5,
         repeats=3,
         rounds=2,
+        scaling=Scaling(n=16, devices=(1, 2), updates=2e5, repeats=2, rounds=1),
     ),
     "quick": Settings(
         grids=(("D2Q9", 512), ("D3Q19", 128)),
@@ -173,6 +187,9 @@ _SETTINGS = {
         repeats=3,
         rounds=3,
         targets=RATIO_TARGETS,
+        scaling=Scaling(
+            n=128, devices=(1, 2), updates=4e6, repeats=3, rounds=2, min_speedup=1.0
+        ),
     ),
     "full": Settings(
         grids=(
@@ -186,6 +203,7 @@ _SETTINGS = {
         updates=4e9,  # about 0.2 s per repeat at FluidX3D's H200 speed
         repeats=5,
         rounds=3,
+        scaling=Scaling(n=256, devices=(1, 2, 4, 8), updates=4e9, repeats=5, rounds=3),
     ),
 }
 
@@ -227,13 +245,7 @@ def _measure(settings: Settings) -> tuple[list[dict[str, Any]], list[float]]:
         for lattice, n in progress(settings.grids, desc="lbm_performance"):
             path = Path(tmp) / f"{lattice}_{n}.json"
             cmd = bench_command(settings, lattice, n, path)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(
-                    f"{' '.join(cmd[1:])} failed (exit {proc.returncode}):\n"
-                    f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
-                )
-            report = json.loads(path.read_text())
+            report = bench_json(cmd, path)
             bandwidths += [report["bandwidth_before"], report["bandwidth_after"]]
             for out in report["results"]:
                 rows.append(
@@ -414,6 +426,7 @@ def _report(
     fluidx3d: list[list[Any]],
     load: tuple[float, float],
     targets: str,
+    scaling: str = "",
 ) -> None:
     lines = [
         "# LBM performance",
@@ -434,6 +447,26 @@ def _report(
         table,
         "",
         *(["## Stated speed ratios", "", targets, ""] if targets else []),
+        *(
+            [
+                "## Scaling over devices (D3Q19, box split along x)",
+                "",
+                "Each run is `python -m lbm_jax bench --devices P` in its own "
+                "process with exactly P host devices "
+                "(`XLA_FLAGS=--xla_force_host_platform_device_count=P`). Strong: "
+                "the same box on every count; weak: about the same cells per "
+                "device (the box side rounded to a multiple of P). Efficiency = "
+                "MLUPs_P / (P MLUPs_1); halo = ghost layers sent per step (whole "
+                "x-faces of q values in the storage format, both directions, all "
+                "devices); halo share = halo bytes / population bytes of a step. "
+                "On a CPU the devices share the cores and the memory bus.",
+                "",
+                scaling,
+                "",
+            ]
+            if scaling
+            else []
+        ),
         "![MLUPs](mlups.png)",
         "",
         f"Load average (1 min) before / after the sweep: {load[0]:.2f} / "
@@ -483,10 +516,16 @@ def run(
     env = _framework.capture_environment(seed=seed, scale=scale)
     load_before = os.getloadavg()[0]
     rows, bandwidths = _measure(settings)
+    scaling_rows = [] if settings.scaling is None else measure_scaling(settings.scaling)
     load = (load_before, os.getloadavg()[0])
     bandwidth = statistics.median(bandwidths)
     analyse_rows(rows, bandwidth)
     checks = evaluate_checks(rows, bandwidths, settings.targets)
+    scaling = ""
+    if settings.scaling is not None:
+        analyse_scaling(scaling_rows)
+        checks |= scaling_checks(scaling_rows, settings.scaling)
+        scaling = scaling_table(scaling_rows)
     targets = target_table(rows, settings.targets)
     table = markdown_table(
         [
@@ -526,6 +565,7 @@ def run(
             "bandwidth_samples_gbs": bandwidths,
             "load_average_before_after": load,
             "rows": rows,
+            "scaling_rows": scaling_rows,
             "fluidx3d_h200_mlups": FLUIDX3D_H200_MLUPS,
             "fluidx3d_comparison": fluidx3d,
             "ratio_targets": [dataclasses.asdict(t) for t in settings.targets],
@@ -533,7 +573,9 @@ def run(
             "environment": env,
         },
     )
-    _report(out_dir, scale, table, bandwidth, checks, env, fluidx3d, load, targets)
+    _report(
+        out_dir, scale, table, bandwidth, checks, env, fluidx3d, load, targets, scaling
+    )
     return {
         "table": table,
         "checks": checks,

@@ -15,7 +15,9 @@ from lbm_jax import bench, cases, free_surface, ibm
 from lbm_jax._boundaries import CellType
 from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
 from lbm_jax._collision import Collision, CollisionModel
+from lbm_jax._decomp import to_host
 from lbm_jax._io import load_state, save_state, write_vti, write_vtp
+from lbm_jax._kernel_inplace import Streaming
 from lbm_jax._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax._loop import History
 from lbm_jax._observables import (
@@ -55,6 +57,7 @@ __all__ = [
     "Samples",
     "Simulation",
     "StoragePolicy",
+    "Streaming",
     "bench",
     "cases",
     "free_surface",
@@ -71,6 +74,7 @@ __all__ = [
     "run",
     "save_state",
     "steady",
+    "to_host",
     "velocity",
     "vorticity",
     "write_vti",

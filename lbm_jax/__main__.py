@@ -17,7 +17,9 @@ Usage::
     python -m lbm_jax run --help     # what --n counts and the defaults, per case
     python -m lbm_jax bench [--lattice {D2Q9,D3Q19,D3Q27}] [--n 128]
                             [--storage fp32[,fp16s,...]] [--collision {bgk,trt}]
-                            [--steps S] [--repeats R] [--rounds K] [--devices D]
+                            [--steps S] [--repeats R] [--rounds K]
+                            [--devices D | DXxDY[xDZ]]
+                            [--kernel {auto,native,xla}]
                             [--json FILE]
     python -m lbm_jax bench --all [--collision C] [--steps S] [--repeats R]
                             [--rounds K] [--json FILE]
@@ -48,7 +50,9 @@ D2Q9 1024^2 and D3Q19 128^3 (so it refuses ``--lattice``, ``--n``, ``--storage``
 and ``--devices``); a comma-separated ``--storage`` list compares policies side
 by side; ``--rounds K`` repeats the measurement K times, interleaved, and
 reports the median round (with the ratio to FP32/FP32 per round).
-``--collision`` applies in every mode, ``--devices`` to one policy in one round.
+``--collision`` applies in every mode. ``--devices`` sets the domain
+decomposition of the box: ``2`` splits x over two devices, ``1x2x1`` splits y,
+``2x2x1`` x and y over four (one entry per axis of the lattice).
 
 Every argument is validated before anything is compiled; invalid input exits with
 status 2 and a message that names the flag and says what to change. Unless
@@ -67,6 +71,7 @@ if "XLA_FLAGS" not in os.environ:  # must precede JAX's backend initialisation
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
@@ -166,6 +171,7 @@ def _case_table() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
     from lbm_jax import Collision, list_lattices
+    from lbm_jax._native import KERNELS
     from lbm_jax.bench import DEFAULT_UPDATES, FULL_PROBLEMS
     from lbm_jax.cases import CASES, CLI_OPTIONS
 
@@ -299,10 +305,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--devices",
-        type=int,
+        type=_decomposition,
         default=None,
-        help="devices to split the box over, for one storage policy and one round "
-        "(default: all, if they divide --n)",
+        help="domain decomposition: D devices along x, or sub-domains per axis "
+        "as DXxDY[xDZ], e.g. 2x1x1 (default: all devices along x, if they "
+        "divide --n)",
+    )
+    bench.add_argument(
+        "--kernel",
+        choices=KERNELS,
+        default="auto",
+        help="the step's implementation: the fused native CPU kernel where it "
+        "covers the configuration, or XLA (default: %(default)s)",
     )
     bench.add_argument(
         "--all",
@@ -315,6 +329,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="write results to this JSON file (default: none, the table only)",
     )
     return parser
+
+
+def _decomposition(text: str) -> int | tuple[int, ...]:
+    """``--devices``: ``"2"`` -> 2 (x split), ``"2x1x1"`` -> (2, 1, 1)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a device count (e.g. 2) or sub-domains per axis "
+            "(e.g. 2x1x1)"
+        ) from None
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+def _check_decomposition(devices: int | tuple[int, ...], d: int, n: int) -> None:
+    """Refuse a ``--devices`` that does not fit the box or the devices."""
+    import jax
+
+    splits = (devices,) + (1,) * (d - 1) if isinstance(devices, int) else devices
+    available = jax.device_count()
+    text = "x".join(map(str, splits))
+    if len(splits) != d:
+        raise ValueError(
+            f"--devices {text}: give one sub-domain count per axis ({d} for "
+            f"this lattice), e.g. --devices {'x'.join(['2'] + ['1'] * (d - 1))}."
+        )
+    if min(splits) < 1 or math.prod(splits) > available or any(n % s for s in splits):
+        raise ValueError(
+            f"--devices {text}: need at least 1 sub-domain per axis, at most "
+            f"{available} in all (devices), each dividing --n {n}."
+        )
 
 
 def _needs_x64(storage: str) -> bool:
@@ -528,17 +573,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             for storage in storages:
                 get_storage(storage)
         if args.devices is not None:
-            if len(storages) > 1 or args.rounds > 1:
-                raise ValueError(
-                    "--devices applies to a single run: one storage policy and "
-                    "--rounds 1."
-                )
-            available = jax.local_device_count()
-            if not 1 <= args.devices <= available or n % args.devices:
-                raise ValueError(
-                    f"--devices {args.devices}: need 1 <= devices <= {available} "
-                    f"(local devices) dividing --n {n}."
-                )
+            _check_decomposition(args.devices, get_lattice(lattice).d, n)
         if args.json is not None:
             if Path(args.json).is_dir():
                 raise ValueError(
@@ -551,10 +586,13 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "steps": args.steps,
         "repeats": args.repeats,
         "collision": args.collision,
+        "kernel": args.kernel,
     }
     if args.all or len(storages) > 1 or args.rounds > 1:
         if not args.all:
-            measure.update(problems=((lattice, n),), storages=storages)
+            measure.update(
+                problems=((lattice, n),), storages=storages, devices=args.devices
+            )
         x64 = args.all or any(map(_needs_x64, storages))
         with jax.enable_x64(x64):  # FP64/FP64 needs 64-bit types
             report = bench.bench_all(rounds=args.rounds, **measure)

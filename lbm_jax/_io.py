@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
@@ -34,6 +35,16 @@ from xml.sax.saxutils import quoteattr
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. as NumPy dtype names)
 import numpy as np
+
+from lbm_jax._transfer import (
+    bits,
+    bits_dtype,
+    host_chunks,
+    read_npy,
+    read_to_device,
+    read_to_host,
+    write_npy,
+)
 
 __all__ = [
     "CorruptCheckpointError",
@@ -64,13 +75,6 @@ def _key_name(key_path: tuple[Any, ...]) -> str:
     return "/".join(parts) or "leaf"
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    """View an array as unsigned integers of the same width (a lossless carrier)."""
-    if a.dtype == np.bool_:
-        return a.astype(np.uint8)
-    return a.view(np.dtype(f"u{a.dtype.itemsize}"))
-
-
 def save_state(
     path: str | os.PathLike[str],
     state: Any,
@@ -92,16 +96,17 @@ def save_state(
     """
     path = Path(path)
     leaves_with_paths, treedef = jax.tree_util.tree_flatten_with_path(state)
-    arrays: dict[str, np.ndarray] = {}
+    leaves = []
     leaves_info = []
-    for i, (key_path, leaf) in enumerate(leaves_with_paths):
-        a = np.asarray(jax.device_get(leaf))
-        arrays[f"leaf_{i}"] = _bits(a)
+    for key_path, leaf in leaves_with_paths:
+        if not isinstance(leaf, jax.Array):
+            leaf = np.asarray(leaf)
+        leaves.append(leaf)
         leaves_info.append(
             {
                 "path": _key_name(key_path),
-                "dtype": a.dtype.name,
-                "shape": list(a.shape),
+                "dtype": np.dtype(leaf.dtype).name,
+                "shape": list(leaf.shape),
             }
         )
     try:
@@ -118,11 +123,22 @@ def save_state(
             f"Checkpoint metadata must be JSON-serialisable: {err}. Convert arrays "
             "to lists or floats before saving."
         ) from err
-    arrays["header"] = np.frombuffer(header.encode("utf-8"), dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    # the layout of numpy.savez (an uncompressed zip of .npy files), written one
+    # slab at a time: no leaf is ever copied to the host whole
     with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for i, leaf in enumerate(leaves):
+                write_npy(
+                    zf,
+                    f"leaf_{i}",
+                    bits_dtype(leaf.dtype),
+                    leaf.shape,
+                    (bits(c) for c in host_chunks(leaf)),
+                )
+            raw = np.frombuffer(header.encode("utf-8"), dtype=np.uint8)
+            write_npy(zf, "header", raw.dtype, raw.shape, [raw])
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -205,86 +221,117 @@ def load_state(
             ``like``.
     """
     header = _header(path)
+    infos = header["leaves"]
+    metadata = header["metadata"]
+    if like is not None:
+        like_leaves, treedef = jax.tree_util.tree_flatten(like)
+        if len(like_leaves) != len(infos) or str(treedef) != header["treedef"]:
+            raise ValueError(
+                f"Checkpoint {str(path)!r} holds a pytree {header['treedef']} that "
+                f"does not match the template {treedef}; load it with the state "
+                "type it was saved from."
+            )
+        for info, want in zip(infos, like_leaves, strict=True):
+            want_shape = tuple(
+                np.shape(want) if not hasattr(want, "shape") else want.shape
+            )
+            want_dtype = np.dtype(
+                want.dtype if hasattr(want, "dtype") else jax.numpy.asarray(want).dtype
+            )
+            got_shape, got_dtype = tuple(info["shape"]), np.dtype(info["dtype"])
+            if want_shape != got_shape or want_dtype != got_dtype:
+                raise ValueError(
+                    f"Checkpoint leaf {info['path']} has shape {got_shape} and dtype "
+                    f"{got_dtype}, but the template expects {want_shape} and "
+                    f"{want_dtype}; was it saved for another grid or storage policy?"
+                )
+    leaves = []
     try:
-        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
-            leaves = []
-            for i, info in enumerate(header["leaves"]):
+        with open(path, "rb") as fh, zipfile.ZipFile(fh) as zf:
+            for i, info in enumerate(infos):
                 dtype = np.dtype(info["dtype"])
-                raw = data[f"leaf_{i}"]
-                a = raw.astype(np.bool_) if dtype == np.bool_ else raw.view(dtype)
-                leaves.append(a.reshape(info["shape"]))
-    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+                shape = tuple(info["shape"])
+                with zf.open(f"leaf_{i}.npy") as src:
+                    pieces = read_npy(src, dtype, shape)
+                    if like is None:
+                        leaves.append(read_to_host(pieces, shape, dtype))
+                    else:
+                        sharding = getattr(like_leaves[i], "sharding", None)
+                        leaves.append(read_to_device(pieces, shape, dtype, sharding))
+    except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
         raise CorruptCheckpointError(
             f"{str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
             f"{err}); it may have been truncated."
         ) from err
-    metadata = header["metadata"]
     if like is None:
-        state = {
-            info["path"]: a for info, a in zip(header["leaves"], leaves, strict=True)
-        }
-        return state, metadata
-    like_leaves, treedef = jax.tree_util.tree_flatten(like)
-    if len(like_leaves) != len(leaves) or str(treedef) != header["treedef"]:
-        raise ValueError(
-            f"Checkpoint {str(path)!r} holds a pytree {header['treedef']} that does "
-            f"not match the template {treedef}; load it with the state type it was "
-            "saved from."
-        )
-    for info, want, got in zip(header["leaves"], like_leaves, leaves, strict=True):
-        want_shape = tuple(np.shape(want))
-        want_dtype = np.dtype(jax.numpy.asarray(want).dtype)
-        if want_shape != got.shape or want_dtype != got.dtype:
-            raise ValueError(
-                f"Checkpoint leaf {info['path']} has shape {got.shape} and dtype "
-                f"{got.dtype}, but the template expects {want_shape} and "
-                f"{want_dtype}; was it saved for another grid or storage policy?"
-            )
-    return jax.tree_util.tree_unflatten(
-        treedef, [jax.numpy.asarray(a) for a in leaves]
-    ), metadata
+        return {
+            info["path"]: a for info, a in zip(infos, leaves, strict=True)
+        }, metadata
+    return jax.tree_util.tree_unflatten(treedef, leaves), metadata
 
 
-def _vtk_type(a: np.ndarray) -> str:
-    table = {
-        np.dtype(np.float32): "Float32",
-        np.dtype(np.float64): "Float64",
-        np.dtype(np.int32): "Int32",
-        np.dtype(np.int64): "Int64",
-        np.dtype(np.uint8): "UInt8",
-        np.dtype(np.int8): "Int8",
-        np.dtype(np.uint16): "UInt16",
-        np.dtype(np.int16): "Int16",
-        np.dtype(np.uint32): "UInt32",
-        np.dtype(np.uint64): "UInt64",
-    }
-    return table[a.dtype]
+_VTK_TYPES = {
+    np.dtype(np.float32): "Float32",
+    np.dtype(np.float64): "Float64",
+    np.dtype(np.int32): "Int32",
+    np.dtype(np.int64): "Int64",
+    np.dtype(np.uint8): "UInt8",
+    np.dtype(np.int8): "Int8",
+    np.dtype(np.uint16): "UInt16",
+    np.dtype(np.int16): "Int16",
+    np.dtype(np.uint32): "UInt32",
+    np.dtype(np.uint64): "UInt64",
+}
+
+
+def _storable_dtype(dtype: Any) -> np.dtype:
+    """A type VTK reads: other floats as float32, bools as uint8."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f" and dtype not in (np.float32, np.float64):
+        return np.dtype(np.float32)
+    if dtype == np.bool_:
+        return np.dtype(np.uint8)
+    return dtype
 
 
 def _storable(a: np.ndarray) -> np.ndarray:
-    """``a`` in a type VTK reads: other floats as float32, bools as uint8."""
-    if a.dtype.kind == "f" and a.dtype not in (np.float32, np.float64):
-        return a.astype(np.float32)
-    if a.dtype == np.bool_:
-        return a.astype(np.uint8)
-    return a
+    """``a`` in a type VTK reads, little-endian (a copy only where needed)."""
+    return a.astype(_storable_dtype(a.dtype).newbyteorder("<"), copy=False)
 
 
-def _encode(a: np.ndarray) -> str:
-    payload = np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
-    header = np.array([len(payload)], dtype="<u8").tobytes()
-    return base64.b64encode(header + payload).decode("ascii")
+def _data_array(
+    pieces: Iterable[np.ndarray],
+    nbytes: int,
+    dtype: np.dtype,
+    ncomp: int,
+    name: str | None,
+    indent: str,
+) -> Iterator[str]:
+    """One binary ``<DataArray>`` element, as consecutive text pieces.
 
-
-def _data_array(flat: np.ndarray, ncomp: int, name: str | None, indent: str) -> str:
-    """One binary ``<DataArray>`` element (``flat`` in VTK's component order)."""
+    ``pieces`` are the payload in VTK's order (x fastest, components
+    innermost), ``nbytes`` long in all; the payload is base64-encoded after its
+    UInt64 length, three bytes at a time, so the pieces of text join to exactly
+    the encoding of the whole.
+    """
     named = "" if name is None else f" Name={quoteattr(name)}"
-    return (
-        f'{indent}<DataArray type="{_vtk_type(flat)}"{named} '
-        f'NumberOfComponents="{ncomp}" format="binary">\n'
-        f"{indent}  {_encode(flat)}\n"
-        f"{indent}</DataArray>\n"
+    yield (
+        f'{indent}<DataArray type="{_VTK_TYPES[np.dtype(dtype)]}"{named} '
+        f'NumberOfComponents="{ncomp}" format="binary">\n{indent}  '
     )
+    carry = np.array([nbytes], dtype="<u8").tobytes()
+    for piece in pieces:
+        data = carry + np.ascontiguousarray(_storable(piece)).tobytes()
+        cut = len(data) - len(data) % 3
+        yield base64.b64encode(data[:cut]).decode("ascii")
+        carry = data[cut:]
+    yield base64.b64encode(carry).decode("ascii") + f"\n{indent}</DataArray>\n"
+
+
+def _data_text(flat: np.ndarray, ncomp: int, name: str | None, indent: str) -> str:
+    """:func:`_data_array` of one in-memory array, as one string."""
+    flat = _storable(flat)
+    return "".join(_data_array([flat], flat.nbytes, flat.dtype, ncomp, name, indent))
 
 
 def write_vti(
@@ -295,6 +342,9 @@ def write_vti(
     origin: tuple[float, ...] | None = None,
 ) -> Path:
     """Write fields as a VTK XML ImageData file (``.vti``).
+
+    Fields are written slab by slab (along the last grid axis): device arrays
+    are never copied to the host whole, and no full-size reordered copy is made.
 
     Args:
         path: Destination; ``.vti`` is appended if missing.
@@ -317,7 +367,10 @@ def write_vti(
     path = Path(path)
     if path.suffix != ".vti":
         path = path.with_name(path.name + ".vti")
-    arrays = {name: np.asarray(jax.device_get(a)) for name, a in point_data.items()}
+    arrays = {
+        name: a if isinstance(a, jax.Array) else np.asarray(a)
+        for name, a in point_data.items()
+    }
     ndims = {a.ndim for a in arrays.values()}
     if len(ndims) == 2 and max(ndims) == min(ndims) + 1:
         # Scalars and vectors together: the scalars give the grid.
@@ -329,51 +382,57 @@ def write_vti(
         grid = first.shape[1:] if is_vector else first.shape
     else:
         grid = ()
+    grid = tuple(grid)
     if len(grid) not in (2, 3):
         raise ValueError(
             "Fields must share one 2-D or 3-D grid: scalars of shape (X, Y[, Z]) "
             "and vectors of shape (D, X, Y[, Z]); got shapes "
             f"{ {name: a.shape for name, a in arrays.items()} }."
         )
-    dims = tuple(grid) + (1,) * (3 - len(grid))
+    for name, a in arrays.items():
+        if a.shape not in (grid, (len(grid), *grid)):
+            raise ValueError(
+                f"Field {name!r} has shape {a.shape}; on the grid {grid} a "
+                f"scalar must have shape {grid} and a vector {(len(grid), *grid)}."
+            )
+    dims = grid + (1,) * (3 - len(grid))
     if origin is None:
         origin = (0.0,) * 3
     origin = tuple(float(o) for o in origin) + (0.0,) * (3 - len(origin))
-    pieces = []
-    for name, a in arrays.items():
-        a = _storable(a)
-        if a.shape == tuple(grid):
-            flat = a.reshape(dims).ravel(order="F")
-            ncomp = 1
-        elif a.shape == (len(grid), *grid):
-            comps = [a[k].reshape(dims).ravel(order="F") for k in range(len(grid))]
-            comps += [np.zeros_like(comps[0])] * (3 - len(grid))
-            flat = np.stack(comps, axis=-1).ravel()
-            ncomp = 3
-        else:
-            raise ValueError(
-                f"Field {name!r} has shape {a.shape}; on the grid {tuple(grid)} a "
-                f"scalar must have shape {tuple(grid)} and a vector "
-                f"{(len(grid), *grid)}."
-            )
-        pieces.append(_data_array(flat, ncomp, name, " " * 8))
     extent = " ".join(f"0 {n - 1}" for n in dims)
-    text = (
-        '<?xml version="1.0"?>\n'
-        '<VTKFile type="ImageData" version="1.0" byte_order="LittleEndian" '
-        'header_type="UInt64">\n'
-        f'  <ImageData WholeExtent="{extent}" '
-        f'Origin="{" ".join(repr(o) for o in origin)}" '
-        f'Spacing="{spacing!r} {spacing!r} {spacing!r}">\n'
-        f'    <Piece Extent="{extent}">\n'
-        "      <PointData>\n" + "".join(pieces) + "      </PointData>\n"
-        "    </Piece>\n"
-        "  </ImageData>\n"
-        "</VTKFile>\n"
-    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="ascii")
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(
+            '<?xml version="1.0"?>\n'
+            '<VTKFile type="ImageData" version="1.0" byte_order="LittleEndian" '
+            'header_type="UInt64">\n'
+            f'  <ImageData WholeExtent="{extent}" '
+            f'Origin="{" ".join(repr(o) for o in origin)}" '
+            f'Spacing="{spacing!r} {spacing!r} {spacing!r}">\n'
+            f'    <Piece Extent="{extent}">\n'
+            "      <PointData>\n"
+        )
+        for name, a in arrays.items():
+            dtype = _storable_dtype(a.dtype)
+            ncomp = 1 if a.shape == grid else 3
+            nbytes = math.prod(dims) * ncomp * dtype.itemsize
+            pieces = _vtk_order(a, len(grid), ncomp > 1)
+            fh.writelines(_data_array(pieces, nbytes, dtype, ncomp, name, " " * 8))
+        fh.write("      </PointData>\n    </Piece>\n  </ImageData>\n</VTKFile>\n")
     return path
+
+
+def _vtk_order(a: Any, ndim: int, vector: bool) -> Iterator[np.ndarray]:
+    """Pieces of a field in VTK's point order (x fastest), slab by slab along the
+    last grid axis; vectors with their (three) components innermost."""
+    for piece in host_chunks(a, axis=a.ndim - 1):
+        if not vector:
+            yield piece.transpose()
+            continue
+        out = piece.transpose((*range(ndim, 0, -1), 0))
+        if ndim == 2:  # ParaView expects three components
+            out = np.concatenate([out, np.zeros_like(out[..., :1])], axis=-1)
+        yield out
 
 
 def _mesh_data(
@@ -389,7 +448,7 @@ def _mesh_data(
                 f"entries a scalar must have shape ({count},) and a vector "
                 f"({count}, 3)."
             )
-        pieces.append(_data_array(a.ravel(), a.size // count, name, " " * 8))
+        pieces.append(_data_text(a.ravel(), a.size // count, name, " " * 8))
     return tuple(pieces)
 
 
@@ -461,11 +520,11 @@ def write_vtp(
         "      <PointData>\n" + "".join(point_pieces) + "      </PointData>\n"
         "      <CellData>\n" + "".join(cell_pieces) + "      </CellData>\n"
         "      <Points>\n"
-        + _data_array(xyz.ravel(), 3, None, " " * 8)
+        + _data_text(xyz.ravel(), 3, None, " " * 8)
         + "      </Points>\n"
         "      <Polys>\n"
-        + _data_array(connectivity, 1, "connectivity", " " * 8)
-        + _data_array(offsets, 1, "offsets", " " * 8)
+        + _data_text(connectivity, 1, "connectivity", " " * 8)
+        + _data_text(offsets, 1, "offsets", " " * 8)
         + "      </Polys>\n"
         "    </Piece>\n"
         "  </PolyData>\n"

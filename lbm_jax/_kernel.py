@@ -7,8 +7,10 @@ x-planes with an inner ``lax.fori_loop``; for each slab it
 
 1. pull-streams into a slab-sized scratch buffer, one ``dynamic_update_slice`` per
    direction (the x shift selects planes of the slab extended by its two periodic
-   halo planes, the y and z shifts are a ``jnp.roll`` that fuses into the copy; XLA
-   never fuses a ``Q``-operand ``stack``, which would cost an extra full pass);
+   halo planes, the y and z shifts are a ``jnp.roll`` that fuses into the copy, or,
+   along an axis split over devices, the same shift with the neighbour's ghost
+   layer moved in where the roll would wrap around; XLA never fuses a
+   ``Q``-operand ``stack``, which would cost an extra full pass);
 2. applies the boundary selections (bounce-back, moving walls, fixed cells);
 3. decodes, collides (moments by one multi-output reduce, one elementwise fusion),
    encodes, and writes the slab into the output buffer in place.
@@ -33,7 +35,19 @@ from lbm_jax._collision import CollisionModel, collide, reverse
 from lbm_jax._lattice import Lattice
 from lbm_jax._storage import StoragePolicy
 
-__all__ = ["default_slab", "make_step_into", "to_layout", "from_layout"]
+__all__ = [
+    "Halos",
+    "default_slab",
+    "from_layout",
+    "make_pull",
+    "make_relax",
+    "make_step_into",
+    "to_layout",
+]
+
+#: Ghost layers of a sub-domain, one entry per grid axis: ``None`` (periodic
+#: within the block) or ``(low, high)`` (see :func:`make_step_into`).
+Halos = tuple[tuple[jax.Array, jax.Array] | None, ...]
 
 #: Slab size target: the decoded slab (B planes x Q x rest, compute dtype) should
 #: stay within about this many bytes so every pass over it hits cache.
@@ -87,8 +101,13 @@ def make_step_into(
     ``(D,)`` vector or a ``(D, X, ...)`` field (it replaces ``constant_force``).
     ``f`` and ``g`` are stored populations ``(X, Q, *rest)``; ``g``'s content is
     overwritten.
-    ``halos``, when given, are the planes just left and right of ``f`` (from the
-    neighbouring sub-domains); otherwise ``f`` wraps around periodically in x.
+    ``halos``, when given, holds one entry per grid axis: ``None`` where ``f``
+    wraps around periodically, else the ``(low, high)`` ghost layers from the
+    neighbouring sub-domains, in the storage format. For x these are the planes
+    just left and right of ``f``, ``(1, Q, *rest)``; for y, the layers just below
+    and above, ``(X + 2, Q, 1, Z)``, extended in x by one cell at each end (the
+    x ghosts' edges, or the periodic wrap); for z, ``(X + 2, Q, Y', 1)`` with
+    ``Y' = Y + 2`` when y has ghosts (edges and corners included), else ``Y``.
     """
     nx = shape[0]
     rest = shape[1:]
@@ -97,39 +116,124 @@ def make_step_into(
     if not 1 <= b <= nx:
         raise ValueError(f"slab must be in [1, {nx}], got {slab}.")
     num_slabs = -(-nx // b)
-    dirs = [tuple(int(v) for v in ci) for ci in lattice.c]
-    rest_axes = tuple(range(1, 1 + len(rest)))
+
+    pull = make_pull(lattice, b)
+    relax = make_relax(lattice, storage, model, b, constant_force)
 
     def stream(
-        f: jax.Array, x0: jax.Array, halos: tuple[jax.Array, jax.Array] | None
+        f: jax.Array, x0: jax.Array, halos: Halos | None
     ) -> tuple[jax.Array, jax.Array]:
+        hx = None if halos is None else halos[0]
         left = lax.dynamic_slice_in_dim(f, (x0 + (nx - 1)) % nx, 1, 0)
         main = lax.dynamic_slice_in_dim(f, x0, b, 0)
         right = lax.dynamic_slice_in_dim(f, (x0 + b) % nx, 1, 0)
-        if halos is not None:  # neighbouring sub-domains' edge planes
-            left = jnp.where(x0 == 0, halos[0], left)
-            right = jnp.where(x0 + b == nx, halos[1], right)
+        if hx is not None:  # neighbouring sub-domains' edge planes
+            left = jnp.where(x0 == 0, hx[0], left)
+            right = jnp.where(x0 + b == nx, hx[1], right)
         haloed = jnp.concatenate([left, main, right], axis=0)
-        scratch = main  # resting populations are already in place
-        for i, ci in enumerate(dirs):
-            if not any(ci):
-                continue
-            piece = haloed[1 - ci[0] : 1 - ci[0] + b, i]
-            if any(ci[1:]):
-                piece = jnp.roll(piece, ci[1:], axis=rest_axes)
-            scratch = lax.dynamic_update_slice_in_dim(scratch, piece[:, None], i, 1)
-        return scratch, main
+        ghosts = [
+            None
+            if halos is None or halos[k + 1] is None
+            else [lax.dynamic_slice_in_dim(h, x0, b + 2, 0) for h in halos[k + 1]]
+            for k in range(len(rest))
+        ]
+        return pull(haloed, main, ghosts), main
 
     def slab_update(
         aux: Any,
         f: jax.Array,
         g: jax.Array,
         x0: jax.Array,
-        halos: tuple[jax.Array, jax.Array] | None,
+        halos: Halos | None,
     ) -> jax.Array:
-        bnd = aux.boundary
         stored_in, main = stream(f, x0, halos)
-        fs = storage.decode(stored_in)
+        stored = relax(aux, x0, stored_in, main)
+        return lax.dynamic_update_slice_in_dim(g, stored, x0, 0)
+
+    def step_into(
+        aux: Any,
+        f: jax.Array,
+        g: jax.Array,
+        halos: Halos | None = None,
+    ) -> jax.Array:
+        if f.shape != (nx, q, *rest):
+            raise ValueError(
+                f"populations have shape {f.shape}, expected {(nx, q, *rest)}."
+            )
+        if num_slabs == 1:
+            return slab_update(aux, f, g, jnp.asarray(0, jnp.int32), halos)
+
+        def body(k: jax.Array, g: jax.Array) -> jax.Array:
+            # the last slab may overlap the previous one; recomputing planes from
+            # the unchanged source writes identical values
+            x0 = jnp.minimum(k * b, nx - b)
+            return slab_update(aux, f, g, x0, halos)
+
+        return lax.fori_loop(0, num_slabs, body, g)
+
+    return step_into
+
+
+def make_pull(lattice: Lattice, slab: int) -> Callable[..., jax.Array]:
+    """Build ``pull(haloed, base, ghosts=None) -> scratch``: pull streaming of a slab.
+
+    ``haloed`` holds the slab's ``slab`` x-planes with one neighbour plane on each
+    side, ``(slab + 2, Q, *rest)``, in the storage format; ``base`` supplies the
+    resting populations (the slab's own planes). Along each rest axis the pull
+    wraps around periodically (``ghosts`` ``None`` or its entry ``None``) or takes
+    the entering layer from that axis's ``(low, high)`` ghost layers, ``(slab + 2,
+    Q, ...)`` slabs of them (a split axis, see :func:`make_step_into`).
+    """
+    b = int(slab)
+    dirs = [tuple(int(v) for v in ci) for ci in lattice.c]
+
+    def pull(
+        haloed: jax.Array,
+        base: jax.Array,
+        ghosts: list[list[jax.Array] | None] | None = None,
+    ) -> jax.Array:
+        nrest = haloed.ndim - 2
+        ghosts = [None] * nrest if ghosts is None else ghosts
+        # along a split y/z axis the shift moves in the neighbour's ghost layer
+        # where a roll would wrap around (same cost as the roll)
+        roll_axes = tuple(k + 1 for k, g in enumerate(ghosts) if g is None)
+        scratch = base  # resting populations are already in place
+        for i, ci in enumerate(dirs):
+            if not any(ci):
+                continue
+            piece = haloed[1 - ci[0] : 1 - ci[0] + b, i]
+            if not any(g is not None for g in ghosts):
+                shifts = tuple(ci[k] for k in roll_axes)
+                if any(shifts):
+                    piece = jnp.roll(piece, shifts, axis=roll_axes)
+            else:
+                for k in range(nrest):
+                    piece = _shift(piece, i, ci, k, ghosts, b)
+            scratch = lax.dynamic_update_slice_in_dim(scratch, piece[:, None], i, 1)
+        return scratch
+
+    return pull
+
+
+def make_relax(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    slab: int,
+    constant_force: list[np.ndarray] | None,
+) -> Callable[..., jax.Array]:
+    """Build ``relax(aux, x0, pulled, main) -> stored``: the rest of a slab's step.
+
+    Decodes the pulled populations, applies bounce-back (reflecting ``main``, the
+    slab's post-collision populations, plus the moving-wall term), collides with
+    the slab's force, encodes, and restores fixed cells; ``x0`` is the slab's first
+    x-plane in the arrays of ``aux`` (see :func:`make_step_into`).
+    """
+    b = int(slab)
+
+    def relax(aux: Any, x0: jax.Array, pulled: jax.Array, main: jax.Array):
+        bnd = aux.boundary
+        fs = storage.decode(pulled)
         if bnd.bounce is not None:
             reflected = reverse(lattice, storage.decode(main), axis=1)
             if bnd.wall_term is not None:
@@ -150,30 +254,43 @@ def make_step_into(
             stored = jnp.where(
                 _slab(bnd.fixed_mask, x0, b), _slab(bnd.fixed, x0, b), stored
             )
-        return lax.dynamic_update_slice_in_dim(g, stored, x0, 0)
+        return stored
 
-    def step_into(
-        aux: Any,
-        f: jax.Array,
-        g: jax.Array,
-        halos: tuple[jax.Array, jax.Array] | None = None,
-    ) -> jax.Array:
-        if f.shape != (nx, q, *rest):
-            raise ValueError(
-                f"populations have shape {f.shape}, expected {(nx, q, *rest)}."
-            )
-        if num_slabs == 1:
-            return slab_update(aux, f, g, jnp.asarray(0, jnp.int32), halos)
+    return relax
 
-        def body(k: jax.Array, g: jax.Array) -> jax.Array:
-            # the last slab may overlap the previous one; recomputing planes from
-            # the unchanged source writes identical values
-            x0 = jnp.minimum(k * b, nx - b)
-            return slab_update(aux, f, g, x0, halos)
 
-        return lax.fori_loop(0, num_slabs, body, g)
+def _shift(
+    piece: jax.Array,
+    i: int,
+    ci: tuple[int, ...],
+    k: int,
+    ghosts: list[list[jax.Array] | None],
+    b: int,
+) -> jax.Array:
+    """Shift a pulled ``(b, *rest)`` piece by ``ci`` along rest axis ``k``.
 
-    return step_into
+    Periodic axes roll; along a split axis the layer that enters comes from the
+    ghost layers (``(b + 2, Q, ...)`` slabs of them), taken at the piece's
+    direction and x shift and shifted like the piece along the earlier rest axes.
+    """
+    c, axis, n = ci[k + 1], k + 1, piece.shape[k + 1]
+    if c == 0:
+        return piece
+    if ghosts[k] is None:
+        return jnp.roll(piece, c, axis=axis)
+    layer = ghosts[k][0 if c > 0 else 1][1 - ci[0] : 1 - ci[0] + b, i]
+    for j in range(k):  # earlier axes: already shifted in the piece
+        cj = ci[j + 1]
+        if ghosts[j] is not None:
+            size = layer.shape[j + 1] - 2
+            layer = lax.slice_in_dim(layer, 1 - cj, 1 - cj + size, axis=j + 1)
+        elif cj:
+            layer = jnp.roll(layer, cj, axis=j + 1)
+    if c > 0:
+        return jnp.concatenate(
+            [layer, lax.slice_in_dim(piece, 0, n - 1, axis=axis)], axis
+        )
+    return jnp.concatenate([lax.slice_in_dim(piece, 1, n, axis=axis), layer], axis)
 
 
 def _slab(a: jax.Array, x0: jax.Array, b: int) -> jax.Array:

@@ -2,7 +2,9 @@
 
 All functions are pure and jit-able; they read the state through its simulation,
 so they decode the storage format and undo the DDF shift and the Guo half-force.
-Values are in lattice units at time ``state.t``.
+Values are in lattice units at time ``state.t``. Each is computed slab by slab
+inside one compiled loop (:mod:`lbm_jax._slabs`): a call holds the state and its
+output, never a decoded full-precision copy of the state.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from jax.typing import ArrayLike
 
 from lbm_jax._boundaries import CellType
 from lbm_jax._simulation import LBMState, Simulation
+from lbm_jax._slabs import curl, fields, link_sums, mesh_of
 
 __all__ = ["density", "momentum_exchange_force", "velocity", "vorticity"]
 
@@ -26,7 +29,8 @@ def density(sim: Simulation, state: LBMState) -> jax.Array:
     >>> float(lbm_jax.density(sim, sim.init(rho=1.5)).mean())
     1.5
     """
-    return sim.fields(state)[0]
+    sim.check_state(state)
+    return fields(sim, state.f, None, which="density")[0]
 
 
 def velocity(
@@ -45,14 +49,15 @@ def velocity(
             passed to :meth:`Simulation.step` / :meth:`Simulation.advance`
             (``(D,)`` or ``(D, *shape)``); ``None`` means the construction force.
     """
-    return sim.fields(state, force)[1]
+    return sim.fields(state, force, which="velocity")[1]
 
 
 def vorticity(u: ArrayLike) -> jax.Array:
     """Vorticity of a velocity field by second-order central differences.
 
     Differences wrap around periodically; values next to walls use the wall cells'
-    velocities (their wall or boundary velocity).
+    velocities (their wall or boundary velocity). Computed slab by slab in one
+    compiled loop; a field split over devices stays split.
 
     Args:
         u: Velocity ``(2, X, Y)`` or ``(3, X, Y, Z)``.
@@ -64,22 +69,11 @@ def vorticity(u: ArrayLike) -> jax.Array:
     Raises:
         ValueError: If ``u`` is not a 2D or 3D velocity field.
     """
-    u = jnp.asarray(u)
+    if not isinstance(u, jax.Array):
+        u = jnp.asarray(u)
     if u.ndim not in (3, 4) or u.shape[0] != u.ndim - 1:
         raise ValueError(f"u must have shape (2, X, Y) or (3, X, Y, Z), got {u.shape}.")
-
-    def ddx(a: jax.Array, axis: int) -> jax.Array:
-        return 0.5 * (jnp.roll(a, -1, axis) - jnp.roll(a, 1, axis))
-
-    if u.ndim == 3:
-        return ddx(u[1], 0) - ddx(u[0], 1)
-    return jnp.stack(
-        [
-            ddx(u[2], 1) - ddx(u[1], 2),
-            ddx(u[0], 2) - ddx(u[2], 0),
-            ddx(u[1], 0) - ddx(u[0], 1),
-        ]
-    )
+    return curl(u, mesh=mesh_of(u))
 
 
 def momentum_exchange_force(
@@ -92,6 +86,10 @@ def momentum_exchange_force(
     ``c_i (f*_i(x) + f_opp(i)(x, t+1))`` with ``f_opp = f*_i - 6 w_i (c_i . u_w)``
     (``u_w = 0`` except on ``WALL`` cells). This is the force per time step in
     lattice units acting during the step that follows ``state``.
+
+    The populations are summed slab by slab on the device; the moving-wall terms
+    and, for shifted storage, the weights the stored values are offset by are
+    summed on the host in float64 (kept out of the low-precision sum).
 
     Args:
         sim: The simulation.
@@ -106,7 +104,7 @@ def momentum_exchange_force(
         ValueError: If the mask does not match the grid or marks fluid cells.
     """
     ct = sim.cell_type
-    wall_like = (ct == CellType.SOLID) | (ct == CellType.WALL)
+    wall_like = _of_type(ct, CellType.SOLID, CellType.WALL)
     if mask is None:
         body = wall_like
     else:
@@ -116,34 +114,43 @@ def momentum_exchange_force(
                 f"mask must be a boolean array of the grid shape {sim.shape}, got "
                 f"{body.dtype} {body.shape}."
             )
-        if np.any(body & ~wall_like):
+        if np.any(body > wall_like):
             raise ValueError(
                 "mask marks cells that are not SOLID or WALL; forces act on walls only."
             )
+    sim.check_state(state)
     lat = sim.lattice
     dtype = sim.storage.compute_dtype
-    fluid = ct == CellType.FLUID
-    axes = tuple(range(len(sim.shape)))
-    moving_uw = sim.wall_velocity * (ct == CellType.WALL)
-    links = []
-    wall = []
-    for ci, wi in zip(lat.c, lat.w, strict=True):
-        back = tuple(-int(v) for v in ci)
-        links.append(fluid & np.roll(body, back, axis=axes))
-        uw_next = np.roll(moving_uw, back, axis=tuple(a + 1 for a in axes))
-        wall.append(6.0 * wi * np.tensordot(ci.astype(np.float64), uw_next, axes=1))
-    link = np.stack(links)
     c = lat.c.astype(np.float64)
-    # host-side float64 part: the moving-wall terms and, for shifted storage, the
-    # weights the stored values are offset by (kept out of the low-precision sum)
-    constant = -np.where(link, np.stack(wall), 0.0).sum(axis=_grid_axes(len(axes))) @ c
-    f = sim.populations(state, shifted=True)
-    if sim.storage.shift:
-        constant = constant + 2 * (lat.w * link.sum(axis=_grid_axes(len(axes)))) @ c
-    per_dir = jnp.sum(jnp.where(link, 2 * f, 0), axis=_grid_axes(len(axes)))
-    return per_dir @ c.astype(dtype) + constant.astype(dtype)
+    sums = link_sums(
+        sim, state.f, jnp.asarray(ct), None if mask is None else jnp.asarray(body)
+    )
+    # host-side float64 part (static: it depends on the masks only), one direction
+    # at a time: for shifted storage, the weights the stored values are offset by
+    # (kept out of the low-precision sum), and the moving-wall terms, summed over
+    # the body's WALL cells y, whose links come from the fluid cells y - c_i
+    fluid = _of_type(ct, CellType.FLUID)
+    axes = tuple(range(len(sim.shape)))
+    moving = _of_type(ct, CellType.WALL)
+    moving = np.nonzero(np.logical_and(moving, body, out=moving))
+    uw = sim.wall_velocity[(slice(None), *moving)]
+    constant = np.zeros(lat.d)
+    for ci, wi, cf in zip(lat.c, lat.w, c, strict=True):
+        if sim.storage.shift:
+            links = np.roll(body, tuple(-int(v) for v in ci), axis=axes)
+            count = np.count_nonzero(np.logical_and(links, fluid, out=links))
+            constant += 2 * wi * count * cf
+        if moving[0].size:
+            source = tuple(
+                (idx - int(v)) % n
+                for idx, v, n in zip(moving, ci, sim.shape, strict=True)
+            )
+            constant -= 6.0 * wi * np.sum(fluid[source] * (cf @ uw)) * cf
+    return sums @ c.astype(dtype) + constant.astype(dtype)
 
 
-def _grid_axes(ndim: int) -> tuple[int, ...]:
-    """Grid axes of a ``(Q, *grid)`` array."""
-    return tuple(range(1, ndim + 1))
+def _of_type(cell_type: np.ndarray, *codes: CellType) -> np.ndarray:
+    """Boolean grid of the cells of the given types (one grid-sized array)."""
+    table = np.zeros(256, bool)
+    table[[int(code) for code in codes]] = True
+    return table[cell_type.view(np.uint8)]

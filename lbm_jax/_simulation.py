@@ -48,25 +48,21 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
+from lbm_jax import _native, _slabs
 from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import (
-    CollisionModel,
-    direction_constants,
-    equilibrium,
-    moments,
-    parse_collision,
-)
-from lbm_jax._kernel import default_slab, from_layout, make_step_into, to_layout
+from lbm_jax._collision import CollisionModel, parse_collision
+from lbm_jax._decomp import Decomposition, decompose, exchange
+from lbm_jax._kernel import default_slab, make_step_into, to_layout
+from lbm_jax._kernel_inplace import Streaming, make_advance_inplace, parse_streaming
 from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy, get_storage
 from lbm_jax._units import viscosity
 from lbm_jax._validation import (
     check_cell_type,
     check_density,
-    check_devices,
     check_shape,
     check_slab,
     check_speed,
@@ -99,9 +95,12 @@ class _Static:
     cell_type: np.ndarray
     force: np.ndarray | None
     wall_velocity: np.ndarray
-    mesh: Mesh | None
+    decomp: Decomposition | None
     slab: int
     step_into: Any
+    kernel: str
+    streaming: Streaming
+    advance_inplace: Any
 
 
 class LBMState(NamedTuple):
@@ -146,11 +145,31 @@ class Simulation:
             ``(D, *shape)``.
         slab: Tuning knob: x-planes per cache tile of the compiled step; by
             default chosen from the plane size. Results do not depend on it.
-        devices: Split the grid along x over this many local devices (each runs
-            its own sub-domain, halo planes travel by ``ppermute``); ``None`` uses
-            one device. On a CPU, start Python with
+        devices: Domain decomposition: ``None`` runs on one device; an int
+            ``N`` splits x over the first ``N`` devices; a tuple gives the
+            sub-domains per grid axis, e.g. ``(2, 2, 1)`` (x-major over
+            ``jax.devices()``); a ``jax.sharding.Mesh`` whose axis names are
+            among ``"x"``, ``"y"``, ``"z"`` splits each named grid axis over
+            that mesh axis. Each device runs its own sub-domain; ghost layers
+            travel by ``ppermute`` in the storage format, and results are
+            bit-identical to one device. Under ``jax.distributed`` the devices
+            of every process count. On a CPU, start Python with
             ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` to get ``N``
-            host devices. ``X`` must be divisible by ``devices``.
+            host devices. Each split must divide its axis.
+        streaming: How :meth:`advance` keeps the populations between steps:
+            ``"inplace"`` updates a single population buffer slab by slab
+            (about half the memory of a run; one device only), ``"two-buffer"``
+            pulls from one buffer into a second; ``"auto"`` (default) picks the
+            faster, at present two-buffer everywhere (in-place measured a few
+            percent slower on CPUs). Results are bit-identical; :meth:`step`
+            always uses the two-buffer step.
+        kernel: The two-buffer step's implementation: ``"auto"`` (default)
+            runs a fused native CPU kernel (C++, compiled on first use, called
+            through ``jax.ffi``) where it covers the configuration (D2Q9,
+            D3Q19, D3Q27 BGK with FP32/FP32 or FP32/FP16S storage, on a CPU,
+            split along x at most), the XLA step elsewhere; ``"native"``
+            requires it; ``"xla"`` never uses it. Both give bit-identical
+            results; :attr:`kernel` says which one runs.
 
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau`` too close to 1/2,
@@ -175,7 +194,9 @@ class Simulation:
         boundary_density: ArrayLike = 1.0,
         boundary_velocity: ArrayLike | None = None,
         slab: int | None = None,
-        devices: int | None = None,
+        devices: int | Sequence[int] | Mesh | None = None,
+        streaming: str | Streaming = "auto",
+        kernel: str = "auto",
     ) -> None:
         lat = get_lattice(lattice)
         shape = check_shape(shape, lat)
@@ -193,13 +214,29 @@ class Simulation:
         check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
         fvec = None if force is None else _host_force(force, lat.d, shape)
 
-        ndev = check_devices(devices, shape[0])
-        local = (shape[0] // ndev, *shape[1:])
+        decomp = decompose(devices, shape)
+        local = shape if decomp is None else decomp.local_shape
         if slab is None:
             slab = default_slab(lat, local, pol.compute_dtype.itemsize)
         slab = check_slab(slab, local[0])
-        mesh = Mesh(np.array(jax.devices()[:ndev]), ("x",)) if ndev > 1 else None
         constant = fvec is not None and fvec.ndim == 1
+        streaming = parse_streaming(
+            streaming, 1 if decomp is None else decomp.mesh.size
+        )
+        kernel_force = (
+            [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None
+        )
+        native = _native.select(
+            kernel,
+            lat,
+            pol,
+            model,
+            local,
+            split_across=decomp is not None and any(s > 1 for s in decomp.splits[1:]),
+            force=fvec is not None,
+            boundaries=bool((ct != CellType.FLUID).any()),
+        )
+        step_factory = _native.make_native_step_into if native else make_step_into
         self._static = _Static(
             lattice=lat,
             shape=shape,
@@ -208,16 +245,16 @@ class Simulation:
             cell_type=ct,
             force=fvec,
             wall_velocity=uw,
-            mesh=mesh,
+            decomp=decomp,
             slab=slab,
-            step_into=make_step_into(
-                lat,
-                pol,
-                model,
-                local,
-                slab,
-                [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None,
-            ),
+            step_into=step_factory(lat, pol, model, local, slab, kernel_force),
+            kernel="native" if native else "xla",
+            streaming=streaming,
+            advance_inplace=make_advance_inplace(
+                lat, pol, model, shape, slab, kernel_force
+            )
+            if streaming is Streaming.INPLACE
+            else None,
         )
         bnd = build_boundary(lat, pol, ct, uw, rb, ub)
         self._aux = self._place(
@@ -298,8 +335,30 @@ class Simulation:
     @property
     def devices(self) -> int:
         """Number of devices the grid is split over."""
-        mesh = self._static.mesh
-        return 1 if mesh is None else mesh.size
+        decomp = self._static.decomp
+        return 1 if decomp is None else decomp.mesh.size
+
+    @property
+    def kernel(self) -> str:
+        """Implementation of the two-buffer step: ``"native"`` or ``"xla"``."""
+        return self._static.kernel
+
+    @property
+    def streaming(self) -> Streaming:
+        """How :meth:`advance` keeps the populations (see the constructor)."""
+        return self._static.streaming
+
+    @property
+    def decomposition(self) -> tuple[int, ...]:
+        """Sub-domains per grid axis (all 1 on one device)."""
+        decomp = self._static.decomp
+        return (1,) * len(self.shape) if decomp is None else decomp.splits
+
+    @property
+    def mesh(self) -> Mesh | None:
+        """The device mesh (axes named ``"x"``, ``"y"``, ``"z"``), or ``None``."""
+        decomp = self._static.decomp
+        return None if decomp is None else decomp.mesh
 
     def __repr__(self) -> str:
         return (
@@ -329,29 +388,34 @@ class Simulation:
                 velocity above the low-Mach limit.
         """
         lat, shape, pol = self.lattice, self.shape, self.storage
-        r = check_density("rho", rho, shape)
-        uu = vector_field("u", u, lat.d, shape)
-        check_speed("initial velocity u", uu)
-        if force is not None:
-            force = _host_force(force, lat.d, shape)
         dtype = pol.compute_dtype
-        feq = equilibrium(
-            lat,
-            jnp.asarray(r.astype(dtype)),
-            [jnp.asarray(ua.astype(dtype)) for ua in uu],
-            shift=pol.shift,
-        )
-        fc = self._force_components(force, dtype)
-        if fc is not None:
-            # post-collision momentum is rho u + F/2 (Guo)
-            w, cs = direction_constants(lat, dtype, len(shape))
-            fc = [fa[None] if fa.ndim else fa for fa in fc]
-            feq = feq + 1.5 * w * sum(c * fa for c, fa in zip(cs, fc, strict=True))
-        f = to_layout(pol.encode(feq))
+        # uniform values stay scalars/vectors: no grid-sized host temporaries
+        r = check_density("rho", rho, () if np.ndim(rho) == 0 else shape)
+        if u is None or np.shape(u) == (lat.d,):
+            uu = vector_field("u", u, lat.d, (1,) * len(shape))
+            check_speed("initial velocity u", uu)
+            uu = uu.reshape(lat.d)
+        else:
+            uu = vector_field("u", u, lat.d, shape)
+            check_speed("initial velocity u", uu)
+        if force is not None:  # post-collision momentum is rho u + F/2 (Guo)
+            fv = self._aux_with(_host_force(force, lat.d, shape)).force
+        elif self._aux.force is not None:
+            fv = self._aux.force
+        elif self.force is not None:
+            fv = jnp.asarray(self.force.astype(dtype))
+        else:
+            fv = None
         bnd = self._aux.boundary
-        if bnd.fixed is not None:
-            f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
-        return LBMState(f=self._place(f), t=jnp.zeros((), jnp.int32))
+        f = _slabs.init_state(
+            self,
+            jnp.asarray(r.astype(dtype)),
+            jnp.asarray(uu.astype(dtype)),
+            fv,
+            bnd.fixed_mask,
+            bnd.fixed,
+        )
+        return LBMState(f=f, t=jnp.zeros((), jnp.int32))
 
     def populations(self, state: LBMState, *, shifted: bool = False) -> jax.Array:
         """Decoded post-collision populations ``(Q, *shape)`` in the compute dtype.
@@ -363,39 +427,46 @@ class Simulation:
                 ``f_i``. Without shifting both are the same.
         """
         self._check_state(state)
-        pol = self.storage
-        f = pol.decode(from_layout(state.f))
-        if pol.shift and not shifted:
-            w, _ = direction_constants(self.lattice, pol.compute_dtype, len(self.shape))
-            f = f + w
-        return f
+        return _slabs.populations(self, state.f, shifted=shifted)
 
     def fields(
-        self, state: LBMState, force: ArrayLike | None = None
+        self, state: LBMState, force: ArrayLike | None = None, *, which: str = "both"
     ) -> tuple[jax.Array, jax.Array]:
         """Density ``(*shape)`` and velocity ``(D, *shape)`` at time ``state.t``.
+
+        Computed slab by slab in one compiled loop: the call holds the state and
+        the fields, never a decoded copy of the state.
 
         Args:
             state: The state.
             force: The body force of the step that produced ``state``, if it was
                 not the construction force (see :meth:`step`); its Guo half-force
                 is taken off the momentum.
+            which: ``"both"``, or ``"density"`` / ``"velocity"`` to compute only
+                that field (the other entry is then ``None``).
+
+        Raises:
+            ValueError: An unknown ``which``.
         """
+        if which not in ("both", "density", "velocity"):
+            raise ValueError(
+                f"which must be 'both', 'density' or 'velocity', got {which!r}."
+            )
         self._check_state(state)
-        pol = self.storage
-        f = pol.decode(state.f)
-        rho, j = moments(self.lattice, f, shift=pol.shift, axis=1)
-        fc = self._force_components(force, f.dtype)
-        if fc is not None:
-            j = [ji - 0.5 * fa for ji, fa in zip(j, fc, strict=True)]
-        return rho, jnp.stack([ji / rho for ji in j])
+        if force is not None:
+            fv = self._aux_with(force).force
+        elif self._aux.force is not None:
+            fv = self._aux.force
+        elif self.force is not None:
+            fv = jnp.asarray(self.force.astype(self.storage.compute_dtype))
+        else:
+            fv = None
+        return _slabs.fields(self, state.f, fv, which=which)
 
     def healthy(self, state: LBMState) -> jax.Array:
         """True when every density is finite and positive (jit-able, no sync)."""
         self._check_state(state)
-        pol = self.storage
-        rho, _ = moments(self.lattice, pol.decode(state.f), shift=pol.shift, axis=1)
-        return jnp.all(jnp.isfinite(rho) & (rho > 0))
+        return _slabs.healthy(self, state.f)
 
     # -- the compiled step ------------------------------------------------------
     def step(self, state: LBMState, force: ArrayLike | None = None) -> LBMState:
@@ -429,6 +500,9 @@ class Simulation:
         force: ArrayLike | None = None,
     ) -> LBMState:
         """Run ``steps`` steps in one compiled loop (donates ``state``'s buffers).
+
+        With in-place streaming (see ``streaming``) the loop updates the donated
+        population buffer itself; otherwise it holds a second one.
 
         Args:
             state: Current state; its buffers are reused for the result, so do not
@@ -521,28 +595,26 @@ class Simulation:
         return [force[a].astype(dtype) for a in range(self.lattice.d)]
 
     def _place(self, tree: Any) -> Any:
-        """Put arrays on the mesh, split along their x axis (no-op on one device)."""
-        mesh = self._static.mesh
-        if mesh is None:
+        """Put the state's or step's arrays on the mesh (no-op on one device)."""
+        decomp = self._static.decomp
+        if decomp is None:
             return tree
         if isinstance(tree, jax.Array):
-            return jax.device_put(tree, NamedSharding(mesh, PartitionSpec("x")))
-        return jax.device_put(
-            tree, jax.tree.map(lambda p: NamedSharding(mesh, p), _aux_specs(tree))
-        )
+            return decomp.place(tree, decomp.grid_spec())
+        return decomp.place(tree, _aux_specs(decomp, tree))
 
     def _local_step(self, aux: _Aux, f: jax.Array, g: jax.Array) -> jax.Array:
         """One step on this device's sub-domain (exchanging halos when split)."""
-        mesh = self._static.mesh
-        if mesh is None:
+        decomp = self._static.decomp
+        if decomp is None:
             return self._static.step_into(aux, f, g)
-        n = mesh.size
-        left = jax.lax.ppermute(f[-1:], "x", [(i, (i + 1) % n) for i in range(n)])
-        right = jax.lax.ppermute(f[:1], "x", [(i, (i - 1) % n) for i in range(n)])
-        return self._static.step_into(aux, f, g, (left, right))
+        return self._static.step_into(aux, f, g, exchange(f, decomp))
 
     def _local_advance(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
-        """``steps`` steps, two per loop iteration (f -> g -> f, no buffer swap)."""
+        """``steps`` steps: in place in ``f``, or two per loop iteration
+        (f -> g -> f, no buffer swap)."""
+        if self._static.advance_inplace is not None:
+            return self._static.advance_inplace(aux, f, steps)
         g = jnp.zeros_like(f)
 
         def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):
@@ -557,26 +629,22 @@ class Simulation:
 
     def _sharded(self, fn: Any, aux: _Aux, *extra: PartitionSpec) -> Any:
         """``fn(aux, f, *rest)`` run per device on the mesh (as is on one device)."""
-        mesh = self._static.mesh
-        if mesh is None:
+        decomp = self._static.decomp
+        if decomp is None:
             return fn
-        return jax.shard_map(
-            fn,
-            mesh=mesh,
-            in_specs=(_aux_specs(aux), PartitionSpec("x"), *extra),
-            out_specs=PartitionSpec("x"),
-        )
+        spec = decomp.grid_spec()
+        return decomp.shard(fn, (_aux_specs(decomp, aux), spec, *extra), spec)
 
 
-def _aux_specs(aux: _Aux) -> _Aux:
-    """Partition specs of the step's arrays: every array split along its x axis."""
+def _aux_specs(decomp: Decomposition, aux: _Aux) -> _Aux:
+    """Partition specs of the step's arrays: every grid-shaped array split."""
     return _Aux(
-        boundary=jax.tree.map(lambda _: PartitionSpec("x"), aux.boundary),
+        boundary=jax.tree.map(lambda _: decomp.grid_spec(), aux.boundary),
         force=None
         if aux.force is None
         else PartitionSpec()
         if aux.force.ndim == 1
-        else PartitionSpec(None, "x"),
+        else decomp.grid_spec(lead=1, inner=0),
     )
 
 

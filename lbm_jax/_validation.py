@@ -17,6 +17,7 @@ from lbm_jax._lattice import Lattice
 from lbm_jax._units import check_mach
 
 __all__ = [
+    "GRID_AXES",
     "check_cell_type",
     "check_density",
     "check_devices",
@@ -175,24 +176,73 @@ def check_cell_type(cell_type: ArrayLike | None, shape: tuple[int, ...]) -> np.n
     return ct
 
 
-def check_devices(devices: int | None, nx: int) -> int:
-    """Validate the number of local devices to split the grid's x axis over."""
+#: Names of the grid axes, as mesh axis names of a domain decomposition.
+GRID_AXES = ("x", "y", "z")
+
+
+def check_devices(devices: object, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Validate a domain decomposition; return the sub-domains per grid axis.
+
+    Args:
+        devices: ``None`` (one device), an int (split x over that many devices),
+            a tuple with one sub-domain count per grid axis, or a
+            ``jax.sharding.Mesh`` whose axis names are among ``"x"``, ``"y"``,
+            ``"z"`` (a grid axis not named in the mesh is not split).
+        shape: Grid size.
+
+    Raises:
+        TypeError: For anything else.
+        ValueError: A count below 1, a tuple of the wrong length, more
+            sub-domains than devices, or a count that does not divide its axis.
+    """
+    from jax.sharding import Mesh
+
+    names = GRID_AXES[: len(shape)]
     if devices is None:
-        return 1
+        return (1,) * len(shape)
+    if isinstance(devices, Mesh):
+        unknown = [a for a in devices.axis_names if a not in names]
+        if unknown:
+            raise ValueError(
+                f"the mesh's axis names {tuple(devices.axis_names)} must be among "
+                f"{names} (one per grid axis it splits), got {unknown}; build it "
+                f"as e.g. Mesh(devices.reshape(2, 1), {names[:2]})."
+            )
+        splits = tuple(int(devices.shape.get(a, 1)) for a in names)
+        source = f"the mesh {dict(devices.shape)}"
+    elif isinstance(devices, tuple | list):
+        if len(devices) != len(shape):
+            raise ValueError(
+                f"devices={tuple(devices)!r} must give one sub-domain count per "
+                f"grid axis ({len(shape)} for shape {shape}), e.g. "
+                f"devices={(2,) + (1,) * (len(shape) - 1)}."
+            )
+        splits = tuple(check_int(n, f"devices[{a}]", 1) for a, n in enumerate(devices))
+        source = f"devices={splits}"
+    elif isinstance(devices, int | np.integer) and not isinstance(devices, bool):
+        splits = (check_int(devices, "devices", 1),) + (1,) * (len(shape) - 1)
+        source = f"devices={int(devices)}"
+    else:
+        raise TypeError(
+            f"devices must be an int, a tuple of ints (sub-domains per grid axis) "
+            f"or a jax.sharding.Mesh, got {devices!r} of type "
+            f"{type(devices).__name__}."
+        )
+    total = int(np.prod(splits))
     available = len(jax.devices())
-    devices = check_int(devices, "devices", 1)
-    if devices > available:
+    if total > available:
         raise ValueError(
-            f"devices={devices} requested but {available} device(s) are available; "
-            "on a CPU start Python with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices}."
+            f"{source} requests {total} sub-domains but {available} device(s) are "
+            "available; on a CPU start Python with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={total}."
         )
-    if nx % devices:
-        raise ValueError(
-            f"the grid's x size {nx} is not divisible by devices={devices}; "
-            "choose a size that splits evenly."
-        )
-    return devices
+    for name, n, size in zip(names, splits, shape, strict=True):
+        if size % n:
+            raise ValueError(
+                f"the grid's {name} size {size} is not divisible by {source} "
+                f"({n} sub-domains along {name}); choose sizes that split evenly."
+            )
+    return splits
 
 
 def check_steps(steps: int) -> int:

@@ -174,7 +174,8 @@ def bench(
     shift: bool = True,
     collision: str = "bgk",
     bandwidth: float | None = None,
-    devices: int | None = None,
+    devices: int | tuple[int, ...] | None = None,
+    kernel: str = "auto",
 ) -> dict[str, Any]:
     """Measure MLUPs of the compiled step on a periodic ``n^D`` box with a flow.
 
@@ -198,17 +199,23 @@ def bench(
         collision: ``"bgk"`` or ``"trt"``.
         bandwidth: Memory bandwidth in GB/s to use for the roofline; measured with
             :func:`measure_bandwidth` when ``None``.
-        devices: Local devices to split the box over (x-split, see
-            :class:`lbm_jax.Simulation`); ``None`` uses every local device when
-            ``n`` is divisible by their number, else one. On a CPU the command
-            line starts with one host device per core.
+        devices: The domain decomposition (see :class:`lbm_jax.Simulation`): an
+            int splits x over that many devices, a tuple such as ``(2, 1, 1)``
+            gives the sub-domains per axis; ``None`` splits x over every local
+            device when ``n`` is divisible by their number, else uses one. On a
+            CPU the command line starts with one host device per core.
+        kernel: The step's implementation (see :class:`lbm_jax.Simulation`):
+            ``"auto"``, ``"native"`` or ``"xla"``.
 
     Returns:
         A JSON-ready dict: ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
         ``collision``, ``steps``, ``repeats``, ``seconds`` (median per run),
         ``mlups``, ``bytes_per_cell`` (populations loaded and stored per cell and
         step), ``bandwidth_gbs``, ``roofline_mlups``, ``roofline_fraction``,
-        ``backend``, ``devices``.
+        ``backend``, ``kernel`` (the implementation that ran), ``devices``,
+        ``decomposition`` (sub-domains per axis) and
+        ``halo_bytes`` (ghost-layer bytes all devices send per step, whole layers
+        of ``q`` values in the storage format).
 
     Raises:
         ValueError: For an unknown lattice/storage, ``n < 4``, ``repeats < 1`` or
@@ -233,7 +240,9 @@ def bench(
                 "bandwidth=50.0, or None to measure it."
             )
         bandwidth = float(bandwidth)
-    run = _Run(lat, n, policy, steps=steps, collision=collision, devices=devices)
+    run = _Run(
+        lat, n, policy, steps=steps, collision=collision, devices=devices, kernel=kernel
+    )
     if bandwidth is None:
         bandwidth = measure_bandwidth()
     return run.result(run.time(repeats), repeats, bandwidth)
@@ -264,7 +273,7 @@ class _Run:
     that rounds compare storage policies without recompiling.
     """
 
-    def __init__(self, lat, n, policy, *, steps, collision, devices) -> None:
+    def __init__(self, lat, n, policy, *, steps, collision, devices, kernel) -> None:
         from lbm_jax._simulation import Simulation
 
         if devices is None:
@@ -277,6 +286,7 @@ class _Run:
             storage=policy,
             collision=collision,
             devices=devices,
+            kernel=kernel,
         )
         self.lat, self.n, self.policy = lat, n, policy
         self.steps, self.collision = steps, collision
@@ -294,6 +304,10 @@ class _Run:
 
     def result(self, seconds: float, repeats: int, bandwidth: float) -> dict[str, Any]:
         """The JSON-ready result dict of :func:`bench`."""
+        from lbm_jax._decomp import halo_bytes
+
+        splits = self.sim.decomposition
+        local = tuple(n // s for n, s in zip(self.sim.shape, splits, strict=True))
         cells = self.n**self.lat.d
         mlups = cells * self.steps / seconds / 1e6
         bytes_per_cell = 2 * self.lat.q * self.policy.bytes_per_value
@@ -315,7 +329,11 @@ class _Run:
             "roofline_fraction": mlups / roofline,
             "flow": FLOW,
             "backend": jax.default_backend(),
+            "kernel": self.sim.kernel,
             "devices": self.sim.devices,
+            "decomposition": list(self.sim.decomposition),
+            "halo_bytes": self.sim.devices
+            * halo_bytes(local, splits, self.lat.q, self.policy.bytes_per_value),
         }
 
 
@@ -334,6 +352,8 @@ def bench_all(
     collision: str = "bgk",
     bandwidth_mib: int = 128,
     progress: Callable[[Any], Any] | None = None,
+    devices: int | tuple[int, ...] | None = None,
+    kernel: str = "auto",
 ) -> dict[str, Any]:
     """:func:`bench` for every storage policy on each problem, one bandwidth figure.
 
@@ -358,13 +378,17 @@ def bench_all(
         bandwidth_mib: Array size of the bandwidth measurement (MiB; larger
             than the caches for a meaningful roofline).
         progress: Optional wrapper of the list of runs (e.g. a progress bar).
+        devices: The domain decomposition of every run (see :func:`bench`).
+        kernel: The step's implementation in every run (see :func:`bench`).
 
     Returns:
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
         "rounds": int, "results": [bench dicts]}``.
     """
     from lbm_jax._collision import parse_collision
+    from lbm_jax._lattice import get_lattice
     from lbm_jax._storage import get_storage, list_storages
+    from lbm_jax._validation import check_devices
 
     names = (
         list_storages()
@@ -385,6 +409,8 @@ def bench_all(
         for lat, n in problems
         for s in names
     }
+    for lat, n in problems:  # refused before measuring
+        check_devices(devices, (n,) * get_lattice(lat).d)
     before = measure_bandwidth(size_mib=bandwidth_mib)
     prepared: dict[tuple[str, int, str], _Run] = {}
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
@@ -393,7 +419,13 @@ def bench_all(
         if key not in prepared:  # built, compiled and warmed up in the first round
             lat, policy, n_steps = configs[key]
             prepared[key] = _Run(
-                lat, key[1], policy, steps=n_steps, collision=collision, devices=None
+                lat,
+                key[1],
+                policy,
+                steps=n_steps,
+                collision=collision,
+                devices=devices,
+                kernel=kernel,
             )
         run = prepared[key]
         runs.setdefault(key, []).append(run.result(run.time(repeats), repeats, before))
@@ -427,14 +459,15 @@ def bench_all(
 def format_table(results: list[dict[str, Any]]) -> str:
     """Markdown table of benchmark results."""
     lines = [
-        "| lattice | n | storage | MLUPs | B/cell | GB/s | roofline MLUPs | fraction "
-        "| vs FP32 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| lattice | n | storage | kernel | MLUPs | B/cell | GB/s | roofline MLUPs "
+        "| fraction | vs FP32 |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         ratio = f"{r['vs_fp32']:.2f}" if "vs_fp32" in r else "-"
         lines.append(
-            f"| {r['lattice']} | {r['n']} | {r['storage']} | {r['mlups']:.1f} | "
+            f"| {r['lattice']} | {r['n']} | {r['storage']} | {r.get('kernel', '-')} | "
+            f"{r['mlups']:.1f} | "
             f"{r['bytes_per_cell']} | {r['bandwidth_gbs']:.1f} | "
             f"{r['roofline_mlups']:.1f} | {r['roofline_fraction']:.2f} | {ratio} |"
         )

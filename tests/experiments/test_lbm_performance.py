@@ -94,3 +94,86 @@ def test_each_grid_is_measured_by_the_benchmark_command(tmp_path):
     assert args.storage.split(",") == list(settings.storages)
     assert args.steps == settings.steps("D3Q19", 128)
     assert args.json == str(tmp_path / "x.json")
+
+
+def _scaling_rows(halo_2=2 * 2 * 128**2 * 19 * 4, mlups=(30.0, 45.0, 80.0)):
+    from experiments._lbm_scaling import analyse_scaling
+
+    rows = [
+        {
+            "kind": kind,
+            "lattice": "D3Q19",
+            "n": n,
+            "cells": n**3,
+            "storage": "FP32/FP32",
+            "mlups": m,
+            "bytes_per_cell": 152,
+            "devices": p,
+            "decomposition": [p, 1, 1],
+            "halo_bytes": halo,
+        }
+        for (kind, p, n, halo), m in zip(
+            [
+                ("strong", 1, 128, 0),
+                ("strong", 2, 128, halo_2),
+                ("weak", 2, 160, 2 * 2 * 160**2 * 19 * 4),
+            ],
+            mlups,
+            strict=True,
+        )
+    ]
+    analyse_scaling(rows)
+    return rows
+
+
+_SCALING = lbm_performance.Scaling(128, (1, 2), 4e6, 3, 2, min_speedup=1.0)
+
+
+def test_scaling_reports_speedup_efficiency_and_halo_traffic():
+    from experiments._lbm_scaling import scaling_checks, scaling_table
+
+    rows = _scaling_rows()
+    strong2, weak2 = rows[1], rows[2]
+    assert strong2["speedup"] == pytest.approx(1.5)
+    assert strong2["efficiency"] == pytest.approx(0.75)
+    assert weak2["cells_per_device"] == 160**3 // 2
+    # two 128^2 x-faces per device, 19 fp32 values: 1/32 of the step's bytes
+    assert strong2["halo_share"] == pytest.approx(
+        2 * 2 * 128**2 * 19 * 4 / 128**3 / 152
+    )
+    checks = scaling_checks(rows, _SCALING)
+    assert all(checks.values()) and len(checks) == 4, checks
+    assert "strong" in scaling_table(rows) and "halo MB/step" in scaling_table(rows)
+    assert _SCALING.runs() == [("strong", 1, 128), ("strong", 2, 128), ("weak", 2, 160)]
+
+
+def test_scaling_checks_fail_on_wrong_or_missing_figures():
+    from experiments._lbm_scaling import scaling_checks
+
+    wrong_halo = scaling_checks(_scaling_rows(halo_2=12345), _SCALING)
+    assert [k for k, ok in wrong_halo.items() if not ok] == [
+        "scaling: halo bytes = devices x 2 faces x n^2 cells x q x storage bytes"
+    ]
+    slow = scaling_checks(_scaling_rows(mlups=(30.0, 25.0, 50.0)), _SCALING)
+    assert not slow["scaling: strong speedup on 2 devices >= 1"]
+    missing = scaling_checks(_scaling_rows()[:2], _SCALING)  # no weak run
+    assert [k for k, ok in missing.items() if ok] == [
+        "scaling: strong speedup on 2 devices >= 1"  # the strong runs are there
+    ]
+    assert not missing[
+        "scaling: every run measured, MLUPs and efficiency finite and positive"
+    ]
+    assert not scaling_checks([], _SCALING)["scaling: strong speedup on 2 devices >= 1"]
+
+
+def test_each_scaling_point_runs_the_benchmark_with_its_own_devices(tmp_path):
+    from experiments._lbm_scaling import scaling_command, scaling_env
+
+    quick = settings_for("quick").scaling
+    assert quick.n == 128 and quick.lattice == "D3Q19" and quick.devices[0] == 1
+    cmd = scaling_command(quick, 2, 160, tmp_path / "w.json")
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.n, args.devices, args.storage) == (160, 2, quick.storage)
+    flags = scaling_env(2)["XLA_FLAGS"].split()
+    assert flags.count("--xla_force_host_platform_device_count=2") == 1
+    assert not [f for f in flags if f.endswith("_count=1")]

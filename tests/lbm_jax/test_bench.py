@@ -58,6 +58,27 @@ def test_bench_splits_over_local_devices_by_default():
         bench("D2Q9", 32, "fp32", steps=2, devices=64, bandwidth=10.0)
 
 
+def test_bench_reports_the_decomposition_and_its_halo_traffic(tmp_path):
+    import jax
+
+    if jax.local_device_count() < 2:
+        pytest.skip("needs two devices (tests/conftest.py sets two host devices)")
+    r = bench("D3Q19", 8, "fp16s", steps=2, repeats=1, devices=(1, 2, 1), bandwidth=1.0)
+    assert r["devices"] == 2 and r["decomposition"] == [1, 2, 1]
+    # two blocks, each sends two y-layers of (8 + 2) x 8 cells, 19 values of 2 B
+    assert r["halo_bytes"] == 2 * 2 * 10 * 8 * 19 * 2
+    one = bench("D3Q19", 8, "fp16s", steps=2, repeats=1, devices=1, bandwidth=1.0)
+    assert one["decomposition"] == [1, 1, 1] and one["halo_bytes"] == 0
+    path = tmp_path / "split.json"
+    argv = ["bench", "--lattice", "D2Q9", "--n", "16", "--steps", "2", "--repeats"]
+    argv += ["1", "--storage", "fp32,fp16s", "--rounds", "2", "--devices", "1x2"]
+    assert main([*argv, "--json", str(path)]) == 0
+    for result in json.loads(path.read_text())["results"]:
+        assert result["decomposition"] == [1, 2] and result["devices"] == 2
+        # two blocks, two y-layers of (16 + 2) cells, 9 values each
+        assert result["halo_bytes"] == 2 * 2 * 18 * 9 * result["bytes_per_cell"] // 18
+
+
 def test_bench_d3q19_bytes_per_cell():
     r = bench("D3Q19", 8, "fp16c", steps=2, repeats=1, bandwidth=10.0)
     assert r["bytes_per_cell"] == 2 * 19 * 2
@@ -121,7 +142,7 @@ def test_cli_bench_rejects_bad_rounds_and_storage_lists():
             main([*base, *extra])
         assert exc.value.code == 2
     with pytest.raises(SystemExit):
-        main([*base, "--storage", "fp32,fp16s", "--devices", "1"])
+        main([*base, "--storage", "fp32,fp16s", "--devices", "3x1"])
 
 
 def test_bench_all_compiles_each_configuration_once_over_rounds(monkeypatch):

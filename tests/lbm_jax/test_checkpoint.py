@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import Checkpoint, Simulation, run
+from lbm_jax import Checkpoint, Simulation, _transfer, run
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +193,26 @@ def test_checkpoint_policy_validation(tmp_path):
         run(lambda s: s, jnp.zeros(2), 3, checkpoint=str(tmp_path))
     version = lbm_jax.code_version()
     assert version.count("+") == 1 and len(version.split("+")[1]) == 12
+
+
+def test_split_run_resumes_bit_for_bit_on_its_devices(tmp_path, monkeypatch):
+    # checkpoints stream slab by slab, and a resumed split state stays split
+    monkeypatch.setattr(_transfer, "HOST_CHUNK_BYTES", 256)
+    split = Simulation("D2Q9", (16, 12), tau=0.6, storage="fp16s", devices=2)
+    policy = Checkpoint(tmp_path / "ck", every=3)
+    with pytest.raises(_Interrupt):
+        run(
+            split,
+            _start(split),
+            9,
+            checkpoint=policy,
+            callback=_interrupt_at(6),
+            every=3,
+        )
+    resumed = run(split, _start(split), 9, checkpoint=policy)
+    assert resumed.stats.resumed_from == 6
+    whole = run(split, _start(split), 9)
+    f = resumed.state.f
+    np.testing.assert_array_equal(np.asarray(f), np.asarray(whole.state.f))
+    assert f.sharding.is_equivalent_to(whole.state.f.sharding, f.ndim)
+    assert len(f.sharding.device_set) == 2

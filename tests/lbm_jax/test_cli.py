@@ -275,8 +275,10 @@ def test_cli_errors_name_flags_as_typed(tmp_path, capsys, argv, message):
         (["--all", "--n", "64"], "--n cannot be combined with --all"),
         (["--all", "--storage", "fp16s"], "--storage cannot be combined with --all"),
         (["--all", "--lattice", "D2Q9"], "--lattice cannot be combined with --all"),
-        (["--devices", "1", "--rounds", "2"], "--devices applies to a single run"),
-        (["--storage", "fp32,fp16s", "--devices", "1"], "--devices applies to a"),
+        (["--all", "--devices", "2"], "--devices cannot be combined with --all"),
+        (["--devices", "2x1"], "one sub-domain count per axis (3 for"),
+        (["--devices", "2y1"], "is not a device count (e.g. 2)"),
+        (["--devices", "1x3x1"], "each dividing --n 128"),
     ],
 )
 def test_cli_bench_refuses_flags_a_mode_cannot_use(capsys, argv, message):

@@ -8,8 +8,9 @@ import xml.etree.ElementTree as ET
 import jax
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax import Simulation, load_state, save_state, write_vti
+from lbm_jax import Simulation, _transfer, load_state, save_state, write_vti
 from lbm_jax._io import write_vtp
 
 
@@ -215,3 +216,73 @@ def test_vtp_rejects_bad_shapes(tmp_path):
     with pytest.raises(ValueError, match=r"cell_data array 'n' has shape \(8, 2\)"):
         write_vtp(tmp_path / "x", points, faces, cell_data={"n": np.ones((8, 2))})
     assert not (tmp_path / "x.vtp").exists()
+
+
+# -- streaming: files are written and read slab by slab ---------------------------
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Host pieces of 64 bytes, so that small arrays stream in many pieces."""
+    monkeypatch.setattr(_transfer, "HOST_CHUNK_BYTES", 64)
+
+
+def _split(a, spec):
+    mesh = Mesh(np.array(jax.devices()[:2]).reshape(spec[1]), spec[0])
+    return jax.device_put(a, NamedSharding(mesh, PartitionSpec(*spec[2])))
+
+
+SPLITS = {
+    "x": (("x", "y"), (2, 1), ("x", "y")),
+    "y": (("x", "y"), (1, 2), ("x", "y")),
+}
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6, 3)])
+def test_vti_streams_in_pieces_to_the_same_bytes(tmp_path, monkeypatch, shape):
+    rng = np.random.default_rng(2)
+    rho = rng.random(shape).astype(np.float16)
+    u = rng.random((len(shape), *shape)).astype(np.float32)
+    whole = write_vti(tmp_path / "whole", {"rho": rho, "u": u}).read_bytes()
+    monkeypatch.setattr(_transfer, "HOST_CHUNK_BYTES", 16)
+    cases = {
+        "numpy": (rho, u),
+        "device": (jax.numpy.asarray(rho), jax.numpy.asarray(u)),
+    }
+    for name, (axes, grid, _) in SPLITS.items():
+        spec = (axes[: len(shape)], grid, axes[: len(shape)])
+        vspec = (axes[: len(shape)], grid, (None, *axes[: len(shape)]))
+        cases[name] = (_split(rho, spec), _split(u, vspec))
+    for name, (r, v) in cases.items():
+        got = write_vti(tmp_path / name, {"rho": r, "u": v}).read_bytes()
+        assert got == whole, name
+
+
+@pytest.mark.parametrize("split", [None, "x", "y"])
+def test_checkpoints_stream_and_keep_the_split(tmp_path, tiny_chunks, split):
+    devices = {None: None, "x": 2, "y": (1, 2, 1)}[split]
+    sim = Simulation("D3Q19", (4, 6, 2), tau=0.7, storage="fp16s", devices=devices)
+    rng = np.random.default_rng(3)
+    state = sim.init(u=0.02 * rng.standard_normal((3, *sim.shape)))
+    save_state(tmp_path / "s.npz", state, metadata={"n": 1})
+    with np.load(tmp_path / "s.npz") as raw:  # an ordinary .npz
+        assert raw["leaf_0"].dtype == np.uint16
+        np.testing.assert_array_equal(
+            raw["leaf_0"], np.asarray(state.f).view(np.uint16)
+        )
+    for like in (state, jax.eval_shape(lambda: state)):
+        loaded, meta = load_state(tmp_path / "s.npz", like=like)
+        assert meta == {"n": 1}
+        np.testing.assert_array_equal(
+            np.asarray(loaded.f).view(np.uint16), np.asarray(state.f).view(np.uint16)
+        )
+        assert int(loaded.t) == 0
+    # with the state as template, the result is split like it
+    loaded, _ = load_state(tmp_path / "s.npz", like=state)
+    assert loaded.f.sharding.is_equivalent_to(state.f.sharding, 4)
+    plain, _ = load_state(tmp_path / "s.npz")
+    np.testing.assert_array_equal(plain["f"], np.asarray(state.f))
+    # and the run continues exactly
+    a = sim.advance(loaded, 2)
+    b = sim.advance(state, 2)
+    np.testing.assert_array_equal(
+        np.asarray(a.f).view(np.uint16), np.asarray(b.f).view(np.uint16)
+    )

@@ -1,0 +1,452 @@
+"""Slab-wise, compiled construction and read-out of population states.
+
+A D3Q19 state is 19 values per cell; its decoded (float32) copy is twice a 16-bit
+state, and a ``moveaxis`` of it another full copy. Every function here therefore
+walks over the grid in slabs of a few x-planes inside one compiled
+``lax.fori_loop``: it decodes one slab of the stored populations (kernel layout
+``(X, Q, *rest)``), computes what it needs from it, and writes the slab's part of
+the output in place (or adds it to a running sum). A call holds the state, its
+output and one slab, never a decoded or transposed full-size copy:
+
+* :func:`init_state`: the (DDF-shifted, encoded) equilibrium written directly in
+  the kernel layout, slab by slab, so no float32 full-size temporary exists;
+* :func:`fields`: density and velocity; :func:`populations`: the decoded
+  populations ``(Q, *shape)``; :func:`healthy`: the finite/positive density test;
+* :func:`link_sums`: the momentum-exchange sums over fluid-to-body links;
+* :func:`curl`: central-difference vorticity of a velocity field.
+
+On a split simulation (``sim.mesh``) each function runs per block inside
+``jax.shard_map``: per-cell outputs stay split like the state (nothing is gathered
+to one device) and sums are combined by ``psum``. Neighbour values that cross a
+block border (vorticity, momentum-exchange links) arrive as ghost layers by
+``ppermute``, one slab at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lbm_jax._boundaries import CellType
+from lbm_jax._collision import direction_constants, equilibrium, moments
+
+if TYPE_CHECKING:
+    from lbm_jax._simulation import Simulation
+
+__all__ = [
+    "curl",
+    "fields",
+    "healthy",
+    "init_state",
+    "link_sums",
+    "mesh_of",
+    "planes_per_slab",
+    "populations",
+]
+
+#: Upper bound on the bytes of one decoded slab (a few MiB: cache-friendly on a
+#: CPU, and small next to any state on an accelerator).
+SLAB_BYTES = 2**20
+_GRID_AXES = ("x", "y", "z")
+
+
+def planes_per_slab(nx: int, plane_bytes: int) -> int:
+    """The largest divisor of ``nx`` whose slab stays within :data:`SLAB_BYTES`.
+
+    A divisor, so that slabs tile the grid exactly (sums count each plane once).
+    """
+    limit = max(1, SLAB_BYTES // max(plane_bytes, 1))
+    return max(b for b in range(1, min(nx, limit) + 1) if nx % b == 0)
+
+
+def _for_slabs(
+    split: _Split, nx: int, b: int, body: Callable[[Any, Any], Any], carry: Any
+) -> Any:
+    """``carry = body(x0, carry)`` for ``x0 = 0, b, 2b, ...`` in a compiled loop
+    (per block inside :meth:`_Split.run`, where the carry varies by block)."""
+    if nx == b:
+        return body(jnp.asarray(0, jnp.int32), carry)
+    if split.mesh is not None:
+        axes = tuple(split.mesh.axis_names)
+        carry = jax.tree.map(lambda x: lax.pcast(x, axes, to="varying"), carry)
+    return lax.fori_loop(0, nx // b, lambda k, c: body(k * b, c), carry)
+
+
+# -- decomposition --------------------------------------------------------------
+class _Split:
+    """How the grid is split over a mesh (or not): names and block counts per axis."""
+
+    def __init__(self, mesh: Mesh | None, ndim: int) -> None:
+        self.mesh = mesh
+        names = _GRID_AXES[:ndim]
+        if mesh is None:
+            self.names: tuple[str | None, ...] = (None,) * ndim
+            self.counts: tuple[int, ...] = (1,) * ndim
+        else:
+            self.names = tuple(a if a in mesh.axis_names else None for a in names)
+            self.counts = tuple(1 if a is None else mesh.shape[a] for a in self.names)
+
+    def spec(self, lead: int = 0, inner: int = 0) -> PartitionSpec:
+        """Spec of an array ``(*lead, X, *inner, *rest)`` split along the grid."""
+        n = self.names
+        return PartitionSpec(*[None] * lead, n[0], *[None] * inner, *n[1:])
+
+    def run(self, fn: Callable[..., Any], in_specs: tuple, out_specs: Any) -> Any:
+        """``fn`` per block (``shard_map``), or as is on one device."""
+        if self.mesh is None:
+            return fn
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def total(self, x: jax.Array) -> jax.Array:
+        """Sum of a per-block value over all blocks (inside :meth:`run`)."""
+        axes = tuple(a for a in self.names if a is not None)
+        return lax.psum(x, axes) if axes else x
+
+    def ghost(self, a: jax.Array, axis: int, grid_axis: int) -> jax.Array:
+        """``a`` with one ghost layer on each side of array axis ``axis``: the
+        neighbouring blocks' edge layers, or the periodic wrap when not split."""
+        size = a.shape[axis]
+        hi = lax.slice_in_dim(a, size - 1, size, axis=axis)
+        lo = lax.slice_in_dim(a, 0, 1, axis=axis)
+        n, name = self.counts[grid_axis], self.names[grid_axis]
+        if n > 1:
+            hi = lax.ppermute(hi, name, [(i, (i + 1) % n) for i in range(n)])
+            lo = lax.ppermute(lo, name, [(i, (i - 1) % n) for i in range(n)])
+        return jnp.concatenate([hi, a, lo], axis=axis)
+
+
+def _split_of(sim: Simulation) -> _Split:
+    return _Split(sim.mesh, len(sim.shape))
+
+
+def _local_shape(split: _Split, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n // c for n, c in zip(shape, split.counts, strict=True))
+
+
+def _slab_of(a: jax.Array, x0: jax.Array, b: int, axis: int = 0) -> jax.Array:
+    return lax.dynamic_slice_in_dim(a, x0, b, axis)
+
+
+def _put(out: jax.Array, piece: jax.Array, x0: jax.Array, axis: int = 0) -> jax.Array:
+    return lax.dynamic_update_slice_in_dim(out, piece, x0, axis)
+
+
+def _slab_planes(sim: Simulation, local: tuple[int, ...]) -> int:
+    itemsize = np.dtype(sim.storage.compute_dtype).itemsize
+    return planes_per_slab(local[0], sim.lattice.q * math.prod(local[1:]) * itemsize)
+
+
+# -- construction ---------------------------------------------------------------
+@jax.jit
+def init_state(
+    sim: Simulation,
+    rho: jax.Array,
+    u: jax.Array,
+    force: jax.Array | None,
+    fixed_mask: jax.Array | None,
+    fixed: jax.Array | None,
+) -> jax.Array:
+    """Stored equilibrium populations ``(X, Q, *rest)``, written slab by slab.
+
+    Args:
+        sim: The simulation.
+        rho: Density, a scalar or grid-shaped, compute dtype.
+        u: Velocity, ``(D,)`` or ``(D, *shape)``, compute dtype.
+        force: ``None``, ``(D,)`` or ``(D, *shape)``: the Guo half-force
+            ``1.5 w_i c_i . F`` is added (post-collision momentum ``rho u + F/2``).
+        fixed_mask, fixed: Non-fluid cells and their stored populations (kernel
+            layout), or ``None``.
+    """
+    lat, pol = sim.lattice, sim.storage
+    dtype = pol.compute_dtype
+    split = _split_of(sim)
+    local = _local_shape(split, sim.shape)
+    b = _slab_planes(sim, local)
+    w, cs = direction_constants(lat, dtype, len(local), axis=1)
+    kernel = split.spec(inner=1)
+
+    def field_spec(a: jax.Array | None, lead: int) -> PartitionSpec | None:
+        if a is None:
+            return None
+        return split.spec(lead=lead) if a.ndim > lead else PartitionSpec()
+
+    def slab_of_field(a: jax.Array, x0: jax.Array, lead: int) -> jax.Array:
+        if a.ndim == lead:  # uniform value: broadcast over the slab
+            return jnp.broadcast_to(
+                a.reshape(a.shape + (1,) * len(local)), (*a.shape, b, *local[1:])
+            )
+        return _slab_of(a, x0, b, lead)
+
+    def block(rho, u, force, fixed_mask, fixed):
+        def body(x0, f):
+            r = slab_of_field(rho, x0, 0)
+            us = slab_of_field(u, x0, 1)
+            feq = equilibrium(
+                lat, r, [us[a] for a in range(lat.d)], shift=pol.shift, axis=1
+            )
+            if force is not None:
+                fs = slab_of_field(force, x0, 1)
+                fc = [jnp.expand_dims(fs[a], 1) for a in range(lat.d)]
+                feq = feq + 1.5 * w * sum(c * fa for c, fa in zip(cs, fc, strict=True))
+            stored = pol.encode(feq)
+            if fixed is not None:
+                stored = jnp.where(
+                    _slab_of(fixed_mask, x0, b), _slab_of(fixed, x0, b), stored
+                )
+            return _put(f, stored, x0)
+
+        f = jnp.zeros((local[0], lat.q, *local[1:]), pol.storage_dtype)
+        return _for_slabs(split, local[0], b, body, f)
+
+    specs = (
+        field_spec(rho, 0),
+        field_spec(u, 1),
+        field_spec(force, 1),
+        None if fixed_mask is None else kernel,
+        None if fixed is None else kernel,
+    )
+    return split.run(block, specs, kernel)(rho, u, force, fixed_mask, fixed)
+
+
+# -- read-out ---------------------------------------------------------------------
+@functools.partial(jax.jit, static_argnames=("which",))
+def fields(
+    sim: Simulation,
+    f: jax.Array,
+    force: jax.Array | None,
+    *,
+    which: str = "both",
+) -> tuple[jax.Array | None, jax.Array | None]:
+    """Density ``(*shape)`` and velocity ``(D, *shape)`` of stored populations.
+
+    ``force`` (``None``, ``(D,)`` or ``(D, *shape)``, compute dtype): its Guo
+    half-force is taken off the momentum before dividing by the density.
+    ``which`` (``"both"``, ``"density"`` or ``"velocity"``): the field(s) to
+    compute; the other is ``None`` (never allocated).
+    """
+    lat, pol = sim.lattice, sim.storage
+    dtype = pol.compute_dtype
+    split = _split_of(sim)
+    local = _local_shape(split, sim.shape)
+    b = _slab_planes(sim, local)
+    want_rho, want_u = which in ("both", "density"), which in ("both", "velocity")
+
+    def block(f, force):
+        def body(x0, out):
+            rho, u = out
+            r, j = moments(lat, pol.decode(_slab_of(f, x0, b)), shift=pol.shift, axis=1)
+            if want_rho:
+                rho = _put(rho, r, x0)
+            if want_u:
+                if force is not None:
+                    fs = force if force.ndim == 1 else _slab_of(force, x0, b, 1)
+                    j = [ji - 0.5 * fs[a] for a, ji in enumerate(j)]
+                u = _put(u, jnp.stack([ji / r for ji in j]), x0, 1)
+            return rho, u
+
+        out = (
+            jnp.zeros(local, dtype) if want_rho else None,
+            jnp.zeros((lat.d, *local), dtype) if want_u else None,
+        )
+        return _for_slabs(split, local[0], b, body, out)
+
+    if force is None or not want_u:
+        force, force_spec = None, None
+    else:
+        force_spec = PartitionSpec() if force.ndim == 1 else split.spec(lead=1)
+    return split.run(
+        block,
+        (split.spec(inner=1), force_spec),
+        (split.spec() if want_rho else None, split.spec(lead=1) if want_u else None),
+    )(f, force)
+
+
+@functools.partial(jax.jit, static_argnames=("shifted",))
+def populations(sim: Simulation, f: jax.Array, *, shifted: bool) -> jax.Array:
+    """Decoded populations ``(Q, *shape)`` (``f_i - w_i`` if ``shifted``)."""
+    lat, pol = sim.lattice, sim.storage
+    dtype = pol.compute_dtype
+    split = _split_of(sim)
+    local = _local_shape(split, sim.shape)
+    b = _slab_planes(sim, local)
+    w, _ = direction_constants(lat, dtype, len(local))
+
+    def block(f):
+        def body(x0, out):
+            fs = jnp.moveaxis(pol.decode(_slab_of(f, x0, b)), 1, 0)
+            if pol.shift and not shifted:
+                fs = fs + w
+            return _put(out, fs, x0, 1)
+
+        return _for_slabs(split, local[0], b, body, jnp.zeros((lat.q, *local), dtype))
+
+    return split.run(block, (split.spec(inner=1),), split.spec(lead=1))(f)
+
+
+@jax.jit
+def healthy(sim: Simulation, f: jax.Array) -> jax.Array:
+    """True when every density is finite and positive."""
+    lat, pol = sim.lattice, sim.storage
+    split = _split_of(sim)
+    local = _local_shape(split, sim.shape)
+    b = _slab_planes(sim, local)
+
+    def block(f):
+        def body(x0, bad):
+            r, _ = moments(lat, pol.decode(_slab_of(f, x0, b)), shift=pol.shift, axis=1)
+            ok = jnp.isfinite(r) & (r > 0)
+            return bad + jnp.sum(~ok, dtype=jnp.int32)
+
+        return split.total(_for_slabs(split, local[0], b, body, jnp.int32(0)))
+
+    return split.run(block, (split.spec(inner=1),), PartitionSpec())(f) == 0
+
+
+@jax.jit
+def link_sums(
+    sim: Simulation, f: jax.Array, cell_type: jax.Array, mask: jax.Array | None
+) -> jax.Array:
+    """Sums over the links from a fluid cell ``x`` to a body cell ``x + c_i``.
+
+    Args:
+        sim: The simulation.
+        f: Stored populations, kernel layout.
+        cell_type: The ``int8`` cell-type grid.
+        mask: Boolean grid of the body, or ``None`` for every ``SOLID`` and
+            ``WALL`` cell.
+
+    Returns:
+        Per direction ``i``, ``sum 2 f_i(x)`` over its links (``f`` decoded, as
+        stored: shifted if shifting), ``(Q,)`` in the compute dtype.
+    """
+    lat, pol = sim.lattice, sim.storage
+    dtype = pol.compute_dtype
+    split = _split_of(sim)
+    local = _local_shape(split, sim.shape)
+    b = _slab_planes(sim, local)
+    ndim = len(local)
+    dirs = [tuple(int(v) for v in ci) for ci in lat.c]
+    axes = (0, *range(2, ndim + 1))
+
+    def block(f, ct, mask):
+        source = ct if mask is None else mask
+        halos = _x_halos(split, source)
+
+        def body(x0, acc):
+            near = _haloed_slab(split, source, halos, x0, b)  # (b+2, *rest+2)
+            if mask is None:
+                near = (near == CellType.SOLID) | (near == CellType.WALL)
+            fluid = _slab_of(ct, x0, b) == CellType.FLUID
+            links = []
+            for ci in dirs:
+                start = tuple(1 + v for v in ci)
+                limit = tuple(
+                    s + n for s, n in zip(start, (b, *local[1:]), strict=True)
+                )
+                links.append(fluid & lax.slice(near, start, limit))
+            link = jnp.stack(links, axis=1)
+            fs = pol.decode(_slab_of(f, x0, b))
+            return acc + jnp.sum(jnp.where(link, 2 * fs, 0), axis=axes)
+
+        acc = jnp.zeros((lat.q,), dtype)
+        return split.total(_for_slabs(split, local[0], b, body, acc))
+
+    grid = split.spec()
+    return split.run(
+        block,
+        (split.spec(inner=1), grid, None if mask is None else grid),
+        PartitionSpec(),
+    )(f, cell_type, mask)
+
+
+def _x_halos(split: _Split, a: jax.Array, axis: int = 0) -> tuple[jax.Array, ...]:
+    """The x-planes just below and above this block (neighbours' or wrapped)."""
+    ghosted = split.ghost(
+        jnp.concatenate(
+            [
+                lax.slice_in_dim(a, 0, 1, axis=axis),
+                lax.slice_in_dim(a, -1, None, axis=axis),
+            ],
+            axis=axis,
+        ),
+        axis,
+        0,
+    )
+    # ghosted = [below, first, last, above]
+    return (
+        lax.slice_in_dim(ghosted, 0, 1, axis=axis),
+        lax.slice_in_dim(ghosted, 3, 4, axis=axis),
+    )
+
+
+def _haloed_slab(
+    split: _Split,
+    a: jax.Array,
+    halos: tuple[jax.Array, jax.Array],
+    x0: jax.Array,
+    b: int,
+    axis: int = 0,
+) -> jax.Array:
+    """Planes ``x0 - 1 .. x0 + b`` of a grid array with one ghost layer in every
+    other grid axis (x is at array axis ``axis``, the others follow it)."""
+    nx = a.shape[axis]
+    left = _slab_of(a, jnp.maximum(x0 - 1, 0), 1, axis)
+    right = _slab_of(a, jnp.minimum(x0 + b, nx - 1), 1, axis)
+    left = jnp.where(x0 == 0, halos[0], left)
+    right = jnp.where(x0 + b == nx, halos[1], right)
+    slab = jnp.concatenate([left, _slab_of(a, x0, b, axis), right], axis=axis)
+    for g in range(1, len(split.names)):
+        slab = split.ghost(slab, axis + g, g)
+    return slab
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",))
+def curl(u: jax.Array, mesh: Mesh | None = None) -> jax.Array:
+    """Central-difference vorticity of ``(2, X, Y)`` or ``(3, X, Y, Z)`` velocity
+    (periodic wrap), slab by slab; per block when ``mesh`` splits ``u``."""
+    d = u.shape[0]
+    split = _Split(mesh, d)
+    local = _local_shape(split, u.shape[1:])
+    b = planes_per_slab(local[0], u.dtype.itemsize * d * math.prod(local[1:]))
+
+    def block(u):
+        halos = _x_halos(split, u, axis=1)
+
+        def body(x0, out):
+            h = _haloed_slab(split, u, halos, x0, b, axis=1)  # (D, b+2, *rest+2)
+
+            def ddx(k: int, axis: int) -> jax.Array:
+                """0.5 (u_k(x + e_axis) - u_k(x - e_axis)) on the slab's cells."""
+                inner = [slice(1, -1)] * d
+                hi, lo = list(inner), list(inner)
+                hi[axis], lo[axis] = slice(2, None), slice(0, -2)
+                return 0.5 * (h[k][tuple(hi)] - h[k][tuple(lo)])
+
+            if d == 2:
+                return _put(out, ddx(1, 0) - ddx(0, 1), x0)
+            w = jnp.stack(
+                [ddx(2, 1) - ddx(1, 2), ddx(0, 2) - ddx(2, 0), ddx(1, 0) - ddx(0, 1)]
+            )
+            return _put(out, w, x0, 1)
+
+        shape = tuple(local) if d == 2 else (3, *local)
+        return _for_slabs(split, local[0], b, body, jnp.zeros(shape, u.dtype))
+
+    out_spec = split.spec() if d == 2 else split.spec(lead=1)
+    return split.run(block, (split.spec(lead=1),), out_spec)(u)
+
+
+def mesh_of(a: Any) -> Mesh | None:
+    """The mesh a concrete array is split over, or ``None`` (one device, traced)."""
+    sharding = getattr(a, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+        return sharding.mesh
+    return None
