@@ -31,7 +31,8 @@ D)``, ``cl = 2 F_y / (u_ref^2 D)``; ``strouhal = f D / u_ref`` with the shedding
 frequency ``f`` from the lift signal's upward zero crossings over the analysis
 window (the last ``window`` fraction of the run). Metrics: ``strouhal``,
 ``cd_max``, ``cd_mean``, ``cl_max``, ``cl_amplitude``, ``periods`` (in the window).
-Fewer than :data:`MIN_PERIODS` periods add a ``warnings`` entry saying how many
+Fewer than :data:`MIN_PERIODS` periods leave ``strouhal`` unset (NaN, ``None`` in
+JSON) and add a ``warnings`` entry saying how many
 steps a run needs; without ``steps`` the run lasts ``run_times`` convective times
 ``D / u_ref`` (default 60 confined, 200 unconfined).
 """
@@ -294,7 +295,10 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "mlups": result.stats.mlups,
         "grid": list(sim.shape),
         "sample_every": every,
-        "strouhal": freq * setup.n / setup.u_ref,
+        # too few periods to measure (the warning says so): no figure
+        "strouhal": freq * setup.n / setup.u_ref
+        if periods >= MIN_PERIODS
+        else math.nan,
         "cd_max": float(cd[start:].max()) if cd.size else math.nan,
         "cd_mean": float(cd[start:].mean()) if cd.size else math.nan,
         "cl_max": float(cl[start:].max()) if cl.size else math.nan,
