@@ -122,13 +122,19 @@ def check_slab(slab: int, nx: int) -> int:
 def vector_field(
     name: str, value: ArrayLike | None, d: int, shape: tuple[int, ...]
 ) -> np.ndarray:
-    """A ``(D,)`` vector or ``(D, *shape)`` field as a float64 ``(D, *shape)`` array."""
+    """A ``(D,)`` vector or ``(D, *shape)`` field as a float64 ``(D, *shape)`` array.
+
+    A vector (or ``None``, zero) comes back as a read-only broadcast view, which
+    holds ``D`` numbers rather than a grid; a field comes back as a copy.
+    """
     if value is None:
-        return np.zeros((d, *shape))
+        value = np.zeros(d)
     arr = np.asarray(value, dtype=np.float64)
     if arr.shape == (d,):
-        arr = np.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
-    elif arr.shape != (d, *shape):
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} contains non-finite values.")
+        return np.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
+    if arr.shape != (d, *shape):
         raise ValueError(
             f"{name} must be a vector of shape ({d},) or a field of shape "
             f"{(d, *shape)}, got shape {arr.shape}."
@@ -140,6 +146,11 @@ def vector_field(
 
 def check_speed(name: str, u: np.ndarray, mask: np.ndarray | None = None) -> None:
     """Reject a velocity field whose largest speed (where ``mask``) is too high."""
+    if u.ndim > 1 and u.size and not any(u.strides[1:]):  # a uniform broadcast view
+        if mask is not None and not np.any(mask):
+            return
+        u = u.reshape(u.shape[0], -1)[:, :1]
+        mask = None
     speed = np.sqrt(np.sum(u * u, axis=0))
     if mask is not None:
         speed = np.where(mask, speed, 0.0)

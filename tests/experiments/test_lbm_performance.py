@@ -177,3 +177,29 @@ def test_each_scaling_point_runs_the_benchmark_with_its_own_devices(tmp_path):
     flags = scaling_env(2)["XLA_FLAGS"].split()
     assert flags.count("--xla_force_host_platform_device_count=2") == 1
     assert not [f for f in flags if f.endswith("_count=1")]
+
+
+def test_memory_checks_fail_on_missing_excess_or_a_whole_run_above_the_ratio():
+    from experiments._lbm_memory import MemorySweep, memory_checks
+
+    sweep = MemorySweep(n=8, operations=("init",), storages=("fp16s",), whole_run_n=8)
+
+    def row(op, storage, peak, bound=100.0):
+        ok = peak <= 1.1 * bound
+        return {"operation": op, "storage": storage, "n": 8, "peak": peak,
+                "bound": bound, "ok": ok}  # fmt: skip
+
+    good = {
+        "rows": [row("init", "fp16s", 105.0)],
+        "whole_run": [row("run", "fp32", 100.0), row("run", "fp16s", 55.0)],
+    }
+    assert all(memory_checks(good, sweep).values())
+    over = {**good, "rows": [row("init", "fp16s", 120.0)]}
+    missing = {"rows": [], "whole_run": []}
+    heavy = {
+        **good,
+        "whole_run": [row("run", "fp32", 100.0), row("run", "fp16s", 70.0)],
+    }
+    for bad in (over, missing, heavy):
+        assert not all(memory_checks(bad, sweep).values())
+    assert sum(memory_checks(heavy, sweep).values()) == 1  # only the ratio fails

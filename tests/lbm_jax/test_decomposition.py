@@ -20,7 +20,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -30,6 +29,7 @@ from jax.sharding import Mesh
 
 import lbm_jax
 from lbm_jax import Simulation
+from tests._workers import wait_for
 from tests.lbm_jax import decomp_worker as problem
 
 WORKER = Path(__file__).with_name("decomp_worker.py")
@@ -50,25 +50,7 @@ def _env(devices: int | None, *extra: str) -> dict[str, str]:
 
 
 def _run(procs: list[subprocess.Popen], timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    outputs, timed_out = [], False
-    for proc in procs:
-        try:
-            out = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))[0]
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            for started in procs:
-                started.kill()
-            out = proc.communicate()[0]
-        outputs.append(out)
-    report = "\n".join(
-        f"--- process {i} (exit code {p.returncode}) ---\n{out[-4000:]}"
-        for i, (p, out) in enumerate(zip(procs, outputs, strict=True))
-    )
-    if timed_out:
-        pytest.fail(f"the workers did not finish within {timeout_s} s:\n{report}")
-    if any(p.returncode != 0 for p in procs):
-        pytest.fail(f"a worker failed:\n{report}")
+    wait_for(procs, timeout_s)
 
 
 def _start_cases(out: Path, which: str) -> subprocess.Popen:

@@ -14,13 +14,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import chex
 import numpy as np
 import pytest
 
+from tests._workers import wait_for
 from tests.mpjax import dp_worker as problem
 
 POLICY = problem.WORKER_POLICY
@@ -65,25 +65,7 @@ def _run_workers(out_dir, n_processes=2):
         )
         for i in range(n_processes)
     ]
-    deadline = time.monotonic() + TIMEOUT_S
-    outputs, timed_out = [], False
-    for proc in procs:
-        try:
-            out = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))[0]
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            for started in procs:
-                started.kill()
-            out = proc.communicate()[0]
-        outputs.append(out)
-    report = "\n".join(
-        f"--- process {i} (exit code {p.returncode}) ---\n{out}"
-        for i, (p, out) in enumerate(zip(procs, outputs, strict=True))
-    )
-    if timed_out:
-        pytest.fail(f"the workers did not finish within {TIMEOUT_S} s:\n{report}")
-    if any(p.returncode != 0 for p in procs):
-        pytest.fail(f"a worker failed:\n{report}")
+    wait_for(procs, TIMEOUT_S)
     return [dict(np.load(out_dir / f"{i}.npz")) for i in range(n_processes)]
 
 
