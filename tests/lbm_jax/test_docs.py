@@ -89,6 +89,14 @@ def test_readme_fp8_example_runs():
     assert np.isfinite(float(metrics["loss"])) and int(namespace["state"].step) == 1
 
 
+def test_readme_domain_split_example_runs():
+    namespace: dict = {}
+    exec(_readme_block("### Splitting a grid over devices and processes"), namespace)
+    assert namespace["sim"].decomposition == (2, 1, 1)
+    assert isinstance(namespace["rho"], np.ndarray)
+    np.testing.assert_allclose(namespace["rho"], 1.0, rtol=1e-6)
+
+
 def test_readme_data_parallel_example_runs():
     namespace: dict = {}
     exec(_readme_block("- **Data parallel and several processes**"), namespace)
