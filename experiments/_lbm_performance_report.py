@@ -101,7 +101,7 @@ def write_report(
         *(["## Stated speed ratios", "", targets, ""] if targets else []),
         *(
             [
-                "## Scaling over devices (D3Q19, box split along x)",
+                "## Scaling over devices (D3Q19, box split along x, XLA step)",
                 "",
                 "Each run is `python -m lbm_jax bench --devices P` in its own "
                 "process with exactly P host devices "
