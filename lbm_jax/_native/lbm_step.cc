@@ -71,6 +71,50 @@ struct Fp16s {
   }
 };
 
+// bfloat16 as its 16-bit patterns (lbm_jax holds bfloat16 populations in uint16):
+// decode is exact (the pattern shifted into the high half of a float32); encode
+// rounds to nearest even on the bit pattern, as the bfloat16 cast does, and a NaN
+// keeps its sign and top payload bits with the quiet bit set.
+struct Bf16 {
+  using T = uint16_t;
+  static constexpr uintptr_t kStreamAlign = 16;
+  static __m256 load8(const T* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static float load1(const T* p) {
+    const uint32_t u = static_cast<uint32_t>(*p) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static uint16_t bits1(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof u);
+    if (v != v) return static_cast<uint16_t>((u | 0x400000u) >> 16);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+  static __m128i bits8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    r = _mm256_srli_epi32(_mm256_blendv_epi8(r, quiet, nan), 16);
+    // pack the eight 32-bit lanes (values < 2^16) into eight 16-bit ones
+    const __m128i lo = _mm256_castsi256_si128(r);
+    const __m128i hi = _mm256_extracti128_si256(r, 1);
+    return _mm_packus_epi32(lo, hi);
+  }
+  static void store8(T* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits8(v));
+  }
+  static void stream8(T* p, __m256 v) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), bits8(v));
+  }
+  static void store1(T* p, float v) { *p = bits1(v); }
+};
+
 // dst[z] = decoded src[z], z < n. Rows of 8 or more end with one vector that
 // overlaps the previous one (it writes the same values again): no scalar tail.
 template <class S>
@@ -423,7 +467,10 @@ struct Step {
 
 LBM_DEFINE(D2Q9, Fp32, lbm_step_D2Q9_fp32)
 LBM_DEFINE(D2Q9, Fp16s, lbm_step_D2Q9_fp16s)
+LBM_DEFINE(D2Q9, Bf16, lbm_step_D2Q9_bf16)
 LBM_DEFINE(D3Q19, Fp32, lbm_step_D3Q19_fp32)
 LBM_DEFINE(D3Q19, Fp16s, lbm_step_D3Q19_fp16s)
+LBM_DEFINE(D3Q19, Bf16, lbm_step_D3Q19_bf16)
 LBM_DEFINE(D3Q27, Fp32, lbm_step_D3Q27_fp32)
 LBM_DEFINE(D3Q27, Fp16s, lbm_step_D3Q27_fp16s)
+LBM_DEFINE(D3Q27, Bf16, lbm_step_D3Q27_bf16)
