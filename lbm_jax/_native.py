@@ -71,7 +71,7 @@ _SOURCE_DIR = Path(__file__).with_name("_native")
 _SOURCES = ("lbm_step.cc",)
 _LATTICES = ("D2Q9", "D3Q19", "D3Q27")
 #: storage short name -> suffix of the FFI target
-_STORAGES = {"fp32": "fp32", "fp16s": "fp16s", "bf16": "bf16"}
+_STORAGES = {"fp32": "fp32", "fp16s": "fp16s", "bf16": "bf16", "fp16c": "fp16c"}
 # No fast-math, no contraction: the source spells out every fused multiply-add.
 _FLAGS = (
     "-O3",
@@ -248,8 +248,9 @@ def supported(
 
     Covered: D2Q9, D3Q19 and D3Q27 BGK, with or without boundaries (bounce-back,
     moving walls, fixed cells) and a constant body force (Guo), on a grid split
-    along x or not at all, FP32/FP32, FP32/FP16S and FP32/bfloat16 storage with
-    DDF-shifting, at least :data:`MIN_PLANE_CELLS` cells per x-plane, on CPU.
+    along x or not at all, FP32/FP32, FP32/FP16S, FP32/FP16C and FP32/bfloat16
+    storage with DDF-shifting, at least :data:`MIN_PLANE_CELLS` cells per x-plane,
+    on CPU.
     (A step given a force field or a per-call force runs the XLA step; see
     :func:`make_native_step_into`.) Not covered: 2D grids with both a force and
     boundaries whose rows (Y) are not a multiple of 8 (XLA contracts the last
@@ -326,7 +327,7 @@ def select(
     if kernel == "native" and not ok:
         why = unavailable_reason() or (
             "the native step covers D2Q9/D3Q19/D3Q27 BGK with FP32/FP32, "
-            "FP32/FP16S or FP32/bfloat16 storage (DDF-shifted), at least "
+            "FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage (DDF-shifted), at least "
             f"{MIN_PLANE_CELLS} cells per x-plane, split along x only, on a CPU"
         )
         raise ValueError(

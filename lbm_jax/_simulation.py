@@ -166,7 +166,7 @@ class Simulation:
         kernel: The two-buffer step's implementation: ``"auto"`` (default)
             runs a fused native CPU kernel (C++, compiled on first use, called
             through ``jax.ffi``) where it covers the configuration (D2Q9,
-            D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S or FP32/bfloat16
+            D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16
             storage, on a CPU, split along x at most), the XLA step
             elsewhere; ``"native"`` requires it; ``"xla"`` never uses it.
             Both give bit-identical results; :attr:`kernel` says which runs.

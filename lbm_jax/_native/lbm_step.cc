@@ -115,6 +115,96 @@ struct Bf16 {
   static void store1(T* p, float v) { *p = bits1(v); }
 };
 
+// fp16c: the 1-4-11 minifloat (bias 15, no Inf/NaN, saturating) of
+// mpjax.formats, bit for bit: decode rebiases the exponent (subnormals as
+// mantissa * 2^-25, exact); encode rounds the low 12 bits to nearest even, rounds
+// subnormals by one float addition of 0.25 (whose ulp is the quantum 2^-25),
+// saturates at 0x7FFF and maps NaN to +0x7FFF.
+struct Fp16c {
+  using T = uint16_t;
+  static constexpr uintptr_t kStreamAlign = 16;
+  static float from_bits(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+  static uint32_t to_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  }
+  static float load1(const T* p) {
+    const uint32_t c = *p;
+    const uint32_t sign = (c >> 15) << 31;
+    const uint32_t exp = (c >> 11) & 0xFu;
+    const uint32_t man = c & 0x7FFu;
+    if (exp == 0) return from_bits(sign | to_bits(static_cast<float>(man) * 0x1p-25f));
+    return from_bits(sign | ((exp + 112u) << 23) | (man << 12));
+  }
+  static __m256 load8(const T* p) {
+    const __m256i c = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(c, 15), 31);
+    const __m256i exp = _mm256_and_si256(_mm256_srli_epi32(c, 11), _mm256_set1_epi32(0xF));
+    const __m256i man = _mm256_and_si256(c, _mm256_set1_epi32(0x7FF));
+    const __m256i normal = _mm256_or_si256(
+        sign, _mm256_or_si256(
+                  _mm256_slli_epi32(_mm256_add_epi32(exp, _mm256_set1_epi32(112)), 23),
+                  _mm256_slli_epi32(man, 12)));
+    const __m256 subv = _mm256_mul_ps(_mm256_cvtepi32_ps(man), _mm256_set1_ps(0x1p-25f));
+    const __m256i sub = _mm256_or_si256(sign, _mm256_castps_si256(subv));
+    const __m256i zero = _mm256_cmpeq_epi32(exp, _mm256_setzero_si256());
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, zero));
+  }
+  static uint16_t bits1(float v) {
+    const uint32_t u = to_bits(v);
+    uint32_t sign = u >> 31;
+    const uint32_t a = u & 0x7FFFFFFFu;
+    uint32_t mag;
+    if ((a >> 23) < 113u) {
+      mag = to_bits(from_bits(a) + 0.25f) - 0x3E800000u;
+    } else {
+      const uint32_t an = a - (112u << 23);
+      mag = (an + 0x7FFu + ((an >> 12) & 1u)) >> 12;
+    }
+    if (mag > 0x7FFFu) mag = 0x7FFFu;
+    if (a > 0x7F800000u) {
+      mag = 0x7FFFu;
+      sign = 0;
+    }
+    return static_cast<uint16_t>((sign << 15) | mag);
+  }
+  static __m128i bits8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    __m256i sign = _mm256_srli_epi32(u, 31);
+    const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i an = _mm256_sub_epi32(a, _mm256_set1_epi32(112 << 23));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(an, 12), _mm256_set1_epi32(1));
+    const __m256i normal = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(an, _mm256_set1_epi32(0x7FF)), lsb), 12);
+    const __m256 sumf = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0.25f));
+    const __m256i sub =
+        _mm256_sub_epi32(_mm256_castps_si256(sumf), _mm256_set1_epi32(0x3E800000));
+    const __m256i is_sub =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(113), _mm256_srli_epi32(a, 23));
+    __m256i mag = _mm256_blendv_epi8(normal, sub, is_sub);
+    mag = _mm256_min_epu32(mag, _mm256_set1_epi32(0x7FFF));
+    const __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+    mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7FFF), nan);
+    sign = _mm256_andnot_si256(nan, sign);
+    const __m256i code = _mm256_or_si256(_mm256_slli_epi32(sign, 15), mag);
+    return _mm_packus_epi32(_mm256_castsi256_si128(code),
+                            _mm256_extracti128_si256(code, 1));
+  }
+  static void store8(T* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits8(v));
+  }
+  static void stream8(T* p, __m256 v) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), bits8(v));
+  }
+  static void store1(T* p, float v) { *p = bits1(v); }
+};
+
 // dst[z] = decoded src[z], z < n. Rows of 8 or more end with one vector that
 // overlaps the previous one (it writes the same values again): no scalar tail.
 template <class S>
@@ -468,9 +558,12 @@ struct Step {
 LBM_DEFINE(D2Q9, Fp32, lbm_step_D2Q9_fp32)
 LBM_DEFINE(D2Q9, Fp16s, lbm_step_D2Q9_fp16s)
 LBM_DEFINE(D2Q9, Bf16, lbm_step_D2Q9_bf16)
+LBM_DEFINE(D2Q9, Fp16c, lbm_step_D2Q9_fp16c)
 LBM_DEFINE(D3Q19, Fp32, lbm_step_D3Q19_fp32)
 LBM_DEFINE(D3Q19, Fp16s, lbm_step_D3Q19_fp16s)
 LBM_DEFINE(D3Q19, Bf16, lbm_step_D3Q19_bf16)
+LBM_DEFINE(D3Q19, Fp16c, lbm_step_D3Q19_fp16c)
 LBM_DEFINE(D3Q27, Fp32, lbm_step_D3Q27_fp32)
 LBM_DEFINE(D3Q27, Fp16s, lbm_step_D3Q27_fp16s)
 LBM_DEFINE(D3Q27, Bf16, lbm_step_D3Q27_bf16)
+LBM_DEFINE(D3Q27, Fp16c, lbm_step_D3Q27_fp16c)

@@ -39,6 +39,9 @@ CASES = [
     pytest.param("D3Q27", "fp32", (3, 8, 17), marks=pytest.mark.slow),
     pytest.param("D3Q27", "fp16s", (3, 9, 16), marks=pytest.mark.slow),
     ("D3Q19", "bf16", (3, 12, 17)),
+    ("D3Q19", "fp16c", (3, 12, 17)),
+    pytest.param("D2Q9", "fp16c", (4, 135), marks=pytest.mark.slow),
+    pytest.param("D3Q27", "fp16c", (3, 9, 16), marks=pytest.mark.slow),
     pytest.param("D2Q9", "bf16", (4, 135), marks=pytest.mark.slow),
     pytest.param("D3Q27", "bf16", (3, 9, 16), marks=pytest.mark.slow),
 ]
@@ -143,7 +146,7 @@ def test_native_step_split_along_x_bit_identical(storage):
 @pytest.mark.parametrize(
     ("lattice", "storage", "collision", "shape", "options"),
     [
-        ("D3Q19", "fp16c", "bgk", (4, 16, 16), {}),
+        ("D3Q19", "posit16s", "bgk", (4, 16, 16), {}),
         ("D3Q19", "posit16", "bgk", (4, 16, 16), {}),
         ("D3Q19", "fp32", "trt", (4, 16, 16), {}),
         ("D2Q9", "fp32", "bgk", (4, 135), {"force": True, "boundaries": True}),
