@@ -46,28 +46,47 @@ struct Fp32 {
   static void store1(T* p, float v) { *p = v; }
 };
 
-// fp16s: IEEE float16 of x * 2^15 (mpjax.formats: scaled(float16, 15)); the
-// products are exact, the conversions round to nearest even (F16C).
-struct Fp16s {
+inline float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline uint32_t to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// The stores of a 16-bit codec C, from its encoders C::bits8 (8 values) and
+// C::bits1 (one value).
+template <class C>
+struct Codec16 {
   using T = uint16_t;
   static constexpr uintptr_t kStreamAlign = 16;
+  static void store8(T* p, __m256 v) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), C::bits8(v));
+  }
+  static void stream8(T* p, __m256 v) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), C::bits8(v));
+  }
+  static void store1(T* p, float v) { *p = C::bits1(v); }
+};
+
+// fp16s: IEEE float16 of x * 2^15 (mpjax.formats: scaled(float16, 15)); the
+// products are exact, the conversions round to nearest even (F16C).
+struct Fp16s : Codec16<Fp16s> {
   static __m256 load8(const T* p) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(0x1p-15f));
   }
   static float load1(const T* p) { return _cvtsh_ss(*p) * 0x1p-15f; }
-  static __m128i half8(__m256 v) {
+  static __m128i bits8(__m256 v) {
     return _mm256_cvtps_ph(_mm256_mul_ps(v, _mm256_set1_ps(0x1p15f)),
                            _MM_FROUND_TO_NEAREST_INT);
   }
-  static void store8(T* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), half8(v));
-  }
-  static void stream8(T* p, __m256 v) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), half8(v));
-  }
-  static void store1(T* p, float v) {
-    *p = _cvtss_sh(v * 0x1p15f, _MM_FROUND_TO_NEAREST_INT);
+  static uint16_t bits1(float v) {
+    return _cvtss_sh(v * 0x1p15f, _MM_FROUND_TO_NEAREST_INT);
   }
 };
 
@@ -75,22 +94,14 @@ struct Fp16s {
 // decode is exact (the pattern shifted into the high half of a float32); encode
 // rounds to nearest even on the bit pattern, as the bfloat16 cast does, and a NaN
 // keeps its sign and top payload bits with the quiet bit set.
-struct Bf16 {
-  using T = uint16_t;
-  static constexpr uintptr_t kStreamAlign = 16;
+struct Bf16 : Codec16<Bf16> {
   static __m256 load8(const T* p) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  static float load1(const T* p) {
-    const uint32_t u = static_cast<uint32_t>(*p) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
+  static float load1(const T* p) { return from_bits(static_cast<uint32_t>(*p) << 16); }
   static uint16_t bits1(float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
+    const uint32_t u = to_bits(v);
     if (v != v) return static_cast<uint16_t>((u | 0x400000u) >> 16);
     return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
   }
@@ -106,13 +117,6 @@ struct Bf16 {
     const __m128i hi = _mm256_extracti128_si256(r, 1);
     return _mm_packus_epi32(lo, hi);
   }
-  static void store8(T* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits8(v));
-  }
-  static void stream8(T* p, __m256 v) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), bits8(v));
-  }
-  static void store1(T* p, float v) { *p = bits1(v); }
 };
 
 // fp16c: the 1-4-11 minifloat (bias 15, no Inf/NaN, saturating) of
@@ -120,19 +124,7 @@ struct Bf16 {
 // mantissa * 2^-25, exact); encode rounds the low 12 bits to nearest even, rounds
 // subnormals by one float addition of 0.25 (whose ulp is the quantum 2^-25),
 // saturates at 0x7FFF and maps NaN to +0x7FFF.
-struct Fp16c {
-  using T = uint16_t;
-  static constexpr uintptr_t kStreamAlign = 16;
-  static float from_bits(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  static uint32_t to_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-  }
+struct Fp16c : Codec16<Fp16c> {
   static float load1(const T* p) {
     const uint32_t c = *p;
     const uint32_t sign = (c >> 15) << 31;
@@ -196,13 +188,6 @@ struct Fp16c {
     return _mm_packus_epi32(_mm256_castsi256_si128(code),
                             _mm256_extracti128_si256(code, 1));
   }
-  static void store8(T* p, __m256 v) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bits8(v));
-  }
-  static void stream8(T* p, __m256 v) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(p), bits8(v));
-  }
-  static void store1(T* p, float v) { *p = bits1(v); }
 };
 
 // dst[z] = decoded src[z], z < n. Rows of 8 or more end with one vector that
