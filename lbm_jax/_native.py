@@ -25,7 +25,7 @@ fails, :func:`available` is ``False`` and :func:`unavailable_reason` says why.
 >>> from lbm_jax import get_lattice, get_storage
 >>> from lbm_jax._collision import parse_collision
 >>> model = parse_collision("bgk", 0.8, 3 / 16)
->>> supported(get_lattice("D3Q19"), get_storage("fp16c"), model, (64, 64, 64))
+>>> supported(get_lattice("D3Q19"), get_storage("posit16"), model, (64, 64, 64))
 False
 """
 
