@@ -230,3 +230,24 @@ def test_native_without_compiler_reports_reason(monkeypatch):
     monkeypatch.setenv("PATH", "")
     assert "no C++ compiler" in _native.unavailable_reason()
     assert _native.library_path() is None
+
+
+def test_simulation_kernel_choice_and_bad_input():
+    from lbm_jax import Simulation
+
+    shape = (8, 16, 16)
+    u = np.full((3, *shape), 0.03)
+    states = {}
+    for kernel, expected in (("auto", "native"), ("native", "native"), ("xla", "xla")):
+        sim = Simulation("D3Q19", shape, tau=0.6, storage="fp16s", kernel=kernel)
+        assert sim.kernel == expected
+        states[kernel] = np.asarray(sim.advance(sim.init(u=u), 5).f)
+    _assert_bits_equal(states["auto"], states["xla"])
+    # uncovered configurations fall back under "auto" and are refused under "native"
+    assert Simulation("D3Q19", shape, tau=0.6, storage="posit16").kernel == "xla"
+    with pytest.raises(ValueError, match="kernel='native' is not available"):
+        Simulation("D3Q19", shape, tau=0.6, storage="posit16", kernel="native")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        Simulation("D3Q19", shape, tau=0.6, kernel="fast")
+    with pytest.raises(TypeError, match="kernel must be a str"):
+        Simulation("D3Q19", shape, tau=0.6, kernel=True)
