@@ -39,9 +39,11 @@ __all__ = [
     "Halos",
     "default_slab",
     "from_layout",
+    "check_populations",
     "make_pull",
     "make_relax",
     "make_step_into",
+    "slab_tiling",
     "to_layout",
 ]
 
@@ -112,10 +114,7 @@ def make_step_into(
     nx = shape[0]
     rest = shape[1:]
     q = lattice.q
-    b = int(slab)
-    if not 1 <= b <= nx:
-        raise ValueError(f"slab must be in [1, {nx}], got {slab}.")
-    num_slabs = -(-nx // b)
+    b, num_slabs = slab_tiling(slab, nx)
 
     pull = make_pull(lattice, b)
     relax = make_relax(lattice, storage, model, b, constant_force)
@@ -156,10 +155,7 @@ def make_step_into(
         g: jax.Array,
         halos: Halos | None = None,
     ) -> jax.Array:
-        if f.shape != (nx, q, *rest):
-            raise ValueError(
-                f"populations have shape {f.shape}, expected {(nx, q, *rest)}."
-            )
+        check_populations(f, (nx, q, *rest))
         if num_slabs == 1:
             return slab_update(aux, f, g, jnp.asarray(0, jnp.int32), halos)
 
@@ -172,6 +168,24 @@ def make_step_into(
         return lax.fori_loop(0, num_slabs, body, g)
 
     return step_into
+
+
+def slab_tiling(slab: int, nx: int) -> tuple[int, int]:
+    """``(slab, number of slabs)`` covering ``nx`` x-planes (the last may overlap).
+
+    Raises:
+        ValueError: ``slab`` outside ``[1, nx]``.
+    """
+    b = int(slab)
+    if not 1 <= b <= nx:
+        raise ValueError(f"slab must be in [1, {nx}], got {slab}.")
+    return b, -(-nx // b)
+
+
+def check_populations(f: jax.Array, shape: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` unless stored populations ``f`` have the kernel shape."""
+    if f.shape != shape:
+        raise ValueError(f"populations have shape {f.shape}, expected {shape}.")
 
 
 def make_pull(lattice: Lattice, slab: int) -> Callable[..., jax.Array]:

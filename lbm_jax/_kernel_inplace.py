@@ -44,7 +44,7 @@ import numpy as np
 from jax import lax
 
 from lbm_jax._collision import CollisionModel
-from lbm_jax._kernel import make_pull, make_relax
+from lbm_jax._kernel import check_populations, make_pull, make_relax, slab_tiling
 from lbm_jax._lattice import Lattice
 from lbm_jax._storage import StoragePolicy
 
@@ -135,10 +135,7 @@ def make_advance_inplace(
     """
     nx, rest = shape[0], shape[1:]
     q = lattice.q
-    b = int(slab)
-    if not 1 <= b <= nx:
-        raise ValueError(f"slab must be in [1, {nx}], got {slab}.")
-    num_slabs = -(-nx // b)
+    b, num_slabs = slab_tiling(slab, nx)
     overlap = nx % b != 0
     pull = make_pull(lattice, b)
     relax = make_relax(lattice, storage, model, b, constant_force)
@@ -180,10 +177,7 @@ def make_advance_inplace(
         return lax.fori_loop(0, num_slabs, body, (f, ext, f[:1]))[0]
 
     def advance(aux: Any, f: jax.Array, steps: jax.Array) -> jax.Array:
-        if f.shape != (nx, q, *rest):
-            raise ValueError(
-                f"populations have shape {f.shape}, expected {(nx, q, *rest)}."
-            )
+        check_populations(f, (nx, q, *rest))
         return lax.fori_loop(0, steps, lambda _, f: step(aux, f), f)
 
     return advance
