@@ -285,7 +285,7 @@ def supported(
 
 
 #: Values of ``Simulation(kernel=...)``.
-KERNELS = ("auto", "native", "xla")
+KERNELS = ("auto", "native", "gpu", "xla")
 
 
 def select(
@@ -319,7 +319,7 @@ def select(
         raise TypeError(f"kernel must be a str, one of {KERNELS}, got {kernel!r}.")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
-    if kernel == "xla":
+    if kernel in ("xla", "gpu"):  # "gpu": see lbm_jax._gpu
         return False
     ok = not split_across and supported(
         lattice, storage, model, shape, force=force, boundaries=boundaries

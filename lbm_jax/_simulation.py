@@ -51,7 +51,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax import _native, _slabs
+from lbm_jax import _gpu, _native, _slabs
 from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
 from lbm_jax._collision import CollisionModel, parse_collision
 from lbm_jax._decomp import Decomposition, decompose, exchange
@@ -226,17 +226,25 @@ class Simulation:
         kernel_force = (
             [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None
         )
-        native = _native.select(
+        split_yz = decomp is not None and any(s > 1 for s in decomp.splits[1:])
+        gpu = _select_gpu(kernel, lat, pol, model, local, split_yz)
+        native = not gpu and _native.select(
             kernel,
             lat,
             pol,
             model,
             local,
-            split_across=decomp is not None and any(s > 1 for s in decomp.splits[1:]),
+            split_across=split_yz,
             force=fvec is not None,
             boundaries=bool((ct != CellType.FLUID).any()),
         )
-        step_factory = _native.make_native_step_into if native else make_step_into
+        if gpu:
+            step_factory = _gpu.make_gpu_step_into
+        else:
+            step_factory = _native.make_native_step_into if native else make_step_into
+        inplace_factory = (
+            _gpu.make_gpu_advance_inplace if gpu else make_advance_inplace
+        )
         self._static = _Static(
             lattice=lat,
             shape=shape,
@@ -248,11 +256,9 @@ class Simulation:
             decomp=decomp,
             slab=slab,
             step_into=step_factory(lat, pol, model, local, slab, kernel_force),
-            kernel="native" if native else "xla",
+            kernel="gpu" if gpu else "native" if native else "xla",
             streaming=streaming,
-            advance_inplace=make_advance_inplace(
-                lat, pol, model, shape, slab, kernel_force
-            )
+            advance_inplace=inplace_factory(lat, pol, model, shape, slab, kernel_force)
             if streaming is Streaming.INPLACE
             else None,
         )
@@ -634,6 +640,34 @@ class Simulation:
             return fn
         spec = decomp.grid_spec()
         return decomp.shard(fn, (_aux_specs(decomp, aux), spec, *extra), spec)
+
+
+def _select_gpu(
+    kernel: str,
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    local: tuple[int, ...],
+    split_yz: bool,
+) -> bool:
+    """Whether a simulation runs the fused GPU step (``kernel`` "auto" or "gpu").
+
+    Raises:
+        ValueError: ``kernel="gpu"`` where the fused GPU step cannot run.
+    """
+    if kernel not in ("auto", "gpu"):
+        return False
+    ok = _gpu.supported(lattice, storage, model, local, split_yz=split_yz)
+    if kernel == "gpu" and not ok:
+        why = _gpu.unavailable_reason() or (
+            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT (no Smagorinsky model) on grids "
+            "split along x at most"
+        )
+        raise ValueError(
+            f"kernel='gpu' is not available for this simulation: {why}; use "
+            "kernel='auto' to fall back to the XLA step."
+        )
+    return ok
 
 
 def _aux_specs(decomp: Decomposition, aux: _Aux) -> _Aux:

@@ -179,8 +179,9 @@ class MinifloatFormat(NumberFormat):
             # the quantum (the ulp of K), and the low bits of the sum are the
             # code. Exact for |x| < K; source subnormals, which a flush-to-zero
             # CPU reads as 0, lie below half a quantum and round to 0 either way.
-            k = jnp.asarray(quantum * 2.0**sm, x.dtype)
-            k_bits = lax.bitcast_convert_type(k, src.uint)
+            k_host = np.asarray(quantum * 2.0**sm, x.dtype)
+            k = jnp.asarray(k_host)
+            k_bits = c(int(k_host.view(np.dtype(src.uint))))
             magnitude = lax.bitcast_convert_type(a, x.dtype)
             sub = lax.bitcast_convert_type(magnitude + k, src.uint) - k_bits
         else:

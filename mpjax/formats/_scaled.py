@@ -136,8 +136,10 @@ class ScaledFormat(NumberFormat):
         inf_exp = 2 * src.bias + 1  # biased exponent of Inf and NaN
         huge_result = (biased_exp != inf_exp) & (biased_exp + self.exponent >= inf_exp)
         negative = (bits >> jnp.asarray(src.width - 1, src.uint)) != 0
-        tiny = jnp.asarray(np.finfo(x.dtype).tiny, x.dtype)
-        huge = jnp.asarray(np.finfo(x.dtype).max, x.dtype)
+        # signed constants as host values (no arithmetic on constants: kernel
+        # lowerings such as Pallas' Triton take operands, not literals)
+        tiny = np.finfo(x.dtype).tiny
+        huge = np.finfo(x.dtype).max
         y = jnp.where(tiny_result, jnp.where(negative, -tiny, tiny), x * factor)
         y = jnp.where(huge_result, jnp.where(negative, -huge, huge), y)
         return self.inner.encode(y)

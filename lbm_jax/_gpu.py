@@ -1,0 +1,657 @@
+"""The fused GPU step: one Pallas kernel per time step (pull, decode, collide, encode).
+
+On a GPU the XLA step of :mod:`lbm_jax._kernel` moves about a fifth of the memory
+bandwidth a lattice Boltzmann step needs (its slab tiling is a CPU cache design,
+and XLA splits the step into several fusions that each pass over the grid). This
+module writes the step as one kernel, the way FluidX3D's ``stream_collide`` is
+written: every GPU thread owns one cell, loads its ``Q`` incoming populations
+from the neighbours (pull), decodes them, collides in registers, encodes and
+stores. Each population is read once and written once per step, so the step is
+bound by memory traffic: 16-bit storage halves it.
+
+The kernel is a Pallas kernel (lowered through Triton on NVIDIA and AMD GPUs):
+no toolchain beyond JAX itself, and the same kernel body runs on the CPU in
+Pallas' interpret mode, which is how the tests check it against the XLA step.
+
+Layout: the populations keep the solver's layout ``(X, Q, *rest)``; for one
+direction a grid row along the last axis is contiguous, so the threads of a
+program read and write consecutive addresses (coalesced). A program handles one
+row segment of :data:`BLOCK` cells along the last axis; programs tile the other
+axes. Offsets are computed in 64 bits when an array passes 4 GiB.
+
+Streaming:
+
+* two buffers (``make_gpu_step_into``): pull from ``f`` into ``g``;
+* in place (``make_gpu_advance_inplace``): the esoteric-pull scheme (Lehmann
+  2022): on even steps a cell reads ``f_i`` from slot ``(x - c_i, i)`` and writes
+  its post-collision ``f_j`` to slot ``(x + c_j, opp(j))``; on odd steps it reads
+  ``f_i`` from its own slot ``opp(i)`` and writes ``f_j`` to its own slot ``j``.
+  Each cell writes exactly the slots it read, so one buffer suffices, and after
+  an even number of steps the layout is the standard one. An odd number of steps
+  starts with a permutation pass (slot ``(x, i)`` swapped with
+  ``(x + c_i, opp(i))``), which is exact. Non-fluid cells are left alone during
+  the steps (fluid cells take bounce-back sources from the slots those cells own
+  and equilibrium-cell populations from the fixed array) and restored at the end.
+
+Both give the same per-cell arithmetic, in the XLA step's order of operations;
+the GPU's compiler may contract multiply-adds differently, so results agree with
+the XLA step to within rounding (tested to a few ulp per population and step,
+with equal sums of mass and momentum), and bit for bit between the two
+streaming modes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from lbm_jax._collision import Collision, CollisionModel
+from lbm_jax._lattice import Lattice, get_lattice
+from lbm_jax._storage import StoragePolicy
+
+__all__ = [
+    "BLOCK",
+    "available",
+    "make_gpu_advance_inplace",
+    "make_gpu_step_into",
+    "supported",
+    "unavailable_reason",
+]
+
+#: Most cells one program handles along the last grid axis (a power of two).
+BLOCK = 512
+_LATTICES = ("D2Q9", "D3Q19", "D3Q27")
+
+
+@functools.cache
+def _pallas() -> tuple[Any, Any] | str:
+    """``(pallas, pallas.triton)`` or the reason they cannot be imported."""
+    try:
+        from jax.experimental import pallas as pl
+        from jax.experimental.pallas import triton as plgpu
+    except ImportError as err:  # pragma: no cover - depends on the jax build
+        return f"Pallas is not available in this jax installation ({err})"
+    return pl, plgpu
+
+
+def unavailable_reason() -> str | None:
+    """Why the fused GPU step cannot run here, or ``None`` when it can."""
+    mods = _pallas()
+    if isinstance(mods, str):
+        return mods
+    if jax.default_backend() not in ("gpu", "cuda", "rocm"):
+        return f"the default JAX backend is {jax.default_backend()!r}, not a GPU"
+    return None
+
+
+def available() -> bool:
+    """Whether the fused GPU step can run on the default backend."""
+    return unavailable_reason() is None
+
+
+def supported(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    *,
+    split_yz: bool = False,
+    interpret: bool = False,
+) -> bool:
+    """Whether the fused GPU step covers a configuration.
+
+    Covered: D2Q9, D3Q19 and D3Q27 with BGK or TRT collision (no Smagorinsky
+    model), every storage policy (shifted or not), bounce-back, moving walls,
+    equilibrium cells, constant, per-call and field forces, grids split along x
+    (ghost planes exchanged as for the XLA step). Not covered: grids split along
+    y or z.
+
+    Args:
+        lattice, storage, model: The configuration.
+        shape: Grid size of one device's sub-domain.
+        split_yz: Whether the grid is split along y or z.
+        interpret: Check coverage only, for Pallas' interpret mode (tests).
+    """
+    covered = (
+        lattice.name in _LATTICES
+        and lattice == get_lattice(lattice.name)
+        and len(shape) == lattice.d
+        and model.smagorinsky == 0
+        and not split_yz
+    )
+    if not covered:
+        return False
+    return not isinstance(_pallas(), str) if interpret else available()
+
+
+def _block(n: int) -> int:
+    """Power-of-two row segment for a last axis of ``n`` cells."""
+    return int(min(BLOCK, max(16, 1 << (int(n) - 1).bit_length())))
+
+
+def _wrap(i: jax.Array, n: int) -> jax.Array:
+    """Periodic index for ``i`` in ``[-1, n]``."""
+    return jnp.where(i < 0, i + n, jnp.where(i >= n, i - n, i))
+
+
+class _Cells:
+    """Index helpers of one program: a row segment of the grid.
+
+    ``coords`` are the program's cell coordinates: scalars for every axis but
+    the last, a vector of ``block`` cells along the last; ``mask`` marks the
+    cells inside the grid.
+    """
+
+    def __init__(self, pl: Any, shape: tuple[int, ...], block: int) -> None:
+        d = len(shape)
+        lead = [pl.program_id(a) for a in range(d - 1)]
+        last = pl.program_id(d - 1) * block + jnp.arange(block, dtype=jnp.int32)
+        self.shape = shape
+        self.coords = [*lead, last]
+        self.mask = last < shape[-1]
+
+    def shifted(self, ci: tuple[int, ...], sign: int) -> list[jax.Array]:
+        """Coordinates ``x + sign * c`` wrapped periodically (unwrapped along x)."""
+        out = [self.coords[0] + sign * ci[0]]
+        for a in range(1, len(self.shape)):
+            v = self.coords[a] + sign * ci[a] if ci[a] else self.coords[a]
+            out.append(_wrap(v, self.shape[a]) if ci[a] else v)
+        return out
+
+
+def _index(coords: list[jax.Array], i: int | jax.Array) -> tuple:
+    """Index of direction ``i`` at ``coords`` in an ``(X, Q, *rest)`` array."""
+    return (coords[0], i, *coords[1:])
+
+
+def _collide_cells(
+    lattice: Lattice,
+    model: CollisionModel,
+    fs: list[jax.Array],
+    *,
+    shift: bool,
+    force: list[Any] | None,
+) -> list[jax.Array]:
+    """Collision of one set of cells, one array per direction.
+
+    The operations and their order are those of :func:`lbm_jax._collision.collide`
+    (moments summed in direction order, ``1/rho`` then products, the shifted
+    equilibrium ``w r poly + w (r - 1)``), written per direction so a kernel keeps
+    every value in registers.
+    """
+    dtype = fs[0].dtype
+    q, d = lattice.q, lattice.d
+    c = lattice.c
+    w = [np.asarray(v, dtype) for v in lattice.w]
+    rho = fs[0]
+    for i in range(1, q):
+        rho = rho + fs[i]
+    if shift:
+        rho = rho + 1
+    j = []
+    for a in range(d):
+        acc = None
+        for i in range(q):
+            if c[i, a]:
+                term = fs[i] if c[i, a] > 0 else -fs[i]
+                acc = term if acc is None else acc + term
+        j.append(acc)
+    inv_rho = 1 / rho
+    if force is None:
+        u = [ja * inv_rho for ja in j]
+    else:
+        u = [(ja + 0.5 * fa) * inv_rho for ja, fa in zip(j, force, strict=True)]
+    usq = u[0] * u[0]
+    for a in range(1, d):
+        usq = usq + u[a] * u[a]
+    cus = [_dot(c[i], u) for i in range(q)]
+    neq = []
+    for i in range(q):
+        cu = cus[i]
+        poly = 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
+        if shift:
+            feq = w[i] * rho * poly + w[i] * (rho - 1)
+        else:
+            feq = w[i] * rho * (1 + poly)
+        neq.append(fs[i] - feq)
+    wp = np.asarray(model.omega_plus, dtype)
+    wm = np.asarray(model.omega_minus, dtype)
+    opp = lattice.opposite
+    if model.kind is Collision.BGK:
+        out = [fs[i] - wp * neq[i] for i in range(q)]
+    else:
+        hp, hm = 0.5 * wp, 0.5 * wm
+        out = [
+            fs[i] - hp * (neq[i] + neq[opp[i]]) - hm * (neq[i] - neq[opp[i]])
+            for i in range(q)
+        ]
+    if force is not None:
+        cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
+        cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
+        uf = u[0] * force[0]
+        for a in range(1, d):
+            uf = uf + u[a] * force[a]
+        for i in range(q):
+            cf = _dot(c[i], force)
+            sym = w[i] * (9 * (cus[i] * cf) - 3 * uf)
+            anti = w[i] * (3 * cf)
+            out[i] = out[i] + cp * sym + cm * anti
+    return out
+
+
+def _dot(ci: np.ndarray, v: list[Any]) -> Any:
+    """``sum_a c_a v_a`` for an integer velocity (only its non-zero terms)."""
+    acc = None
+    for a, ca in enumerate(ci):
+        if ca:
+            term = v[a] if ca > 0 else -v[a]
+            acc = term if acc is None else acc + term
+    return 0.0 if acc is None else acc
+
+
+class _Plan:
+    """What one kernel instance needs: the configuration and which optional
+    operands (boundaries, force, x ghost planes) it reads."""
+
+    def __init__(
+        self,
+        lattice: Lattice,
+        storage: StoragePolicy,
+        model: CollisionModel,
+        shape: tuple[int, ...],
+        constant_force: list[np.ndarray] | None,
+        interpret: bool,
+    ) -> None:
+        self.lattice = lattice
+        self.storage = storage
+        self.model = model
+        self.shape = tuple(int(s) for s in shape)
+        self.constant_force = constant_force
+        self.interpret = interpret
+        self.block = _block(self.shape[-1])
+        self.dirs = [tuple(int(v) for v in ci) for ci in lattice.c]
+        self.full = (self.shape[0], lattice.q, *self.shape[1:])
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return (*self.shape[:-1], -(-self.shape[-1] // self.block))
+
+    def force_at(self, refs: dict[str, Any], cells: _Cells) -> list[Any] | None:
+        """The force components of the program's cells (or scalars)."""
+        if "force" not in refs:
+            if self.constant_force is None:
+                return None
+            dtype = self.storage.compute_dtype
+            return [np.asarray(v, dtype) for v in self.constant_force]
+        ref = refs["force"]
+        if len(ref.shape) == 1:  # a per-call (D,) vector
+            return [ref[a] for a in range(self.lattice.d)]
+        pl, plgpu = _pallas()
+        return [
+            plgpu.load(ref.at[(a, *cells.coords)], mask=cells.mask, other=0)
+            for a in range(self.lattice.d)
+        ]
+
+    def finish(
+        self,
+        refs: dict[str, Any],
+        cells: _Cells,
+        fs: list[jax.Array],
+        own: Callable[[int], jax.Array] | None,
+    ) -> list[jax.Array]:
+        """Bounce-back (``own(i)``: the cell's stored post-collision population
+        ``i`` of the previous step), collision and encoding of pulled ``fs``."""
+        _, plgpu = _pallas()
+        st = self.storage
+        mask = cells.mask
+        if "bounce" in refs:
+            opp = self.lattice.opposite
+            for i in range(self.lattice.q):
+                if not any(self.dirs[i]):
+                    continue
+                at = _index(cells.coords, i)
+                hit = plgpu.load(refs["bounce"].at[at], mask=mask, other=False)
+                reflected = st.decode(own(int(opp[i])))
+                if "wall_term" in refs:
+                    reflected = reflected + plgpu.load(
+                        refs["wall_term"].at[at], mask=mask, other=0
+                    )
+                fs[i] = jnp.where(hit, reflected, fs[i])
+        out = _collide_cells(
+            self.lattice,
+            self.model,
+            fs,
+            shift=st.shift,
+            force=self.force_at(refs, cells),
+        )
+        return [st.encode(v) for v in out]
+
+    def fixed_at(self, refs: dict[str, Any], cells: _Cells) -> jax.Array | None:
+        """Whether each of the program's cells is non-fluid (``None``: none is)."""
+        if "fixed_mask" not in refs:
+            return None
+        _, plgpu = _pallas()
+        return plgpu.load(
+            refs["fixed_mask"].at[_index(cells.coords, 0)],
+            mask=cells.mask,
+            other=False,
+        )
+
+
+def _operands(aux: Any, halos: Any) -> dict[str, jax.Array]:
+    """The optional operands of a call, by name (absent ones left out)."""
+    ops = {}
+    bnd = aux.boundary
+    for name in ("bounce", "wall_term", "fixed_mask", "fixed"):
+        value = getattr(bnd, name)
+        if value is not None:
+            ops[name] = value
+    if aux.force is not None:
+        ops["force"] = aux.force
+    if halos is not None:
+        left, right = halos
+        ops["left"], ops["right"] = left, right
+    return ops
+
+
+def _x_halos(halos: Any, d: int) -> tuple[jax.Array, jax.Array] | None:
+    """The x ghost planes of ``halos`` (the XLA step's convention), or ``None``."""
+    if halos is None:
+        return None
+    if isinstance(halos[0], jax.Array):
+        return halos
+    if len(halos) != d or any(h is not None for h in halos[1:]):
+        raise ValueError(
+            "the fused GPU step supports grids split along x only; got ghost layers "
+            "along y or z (use kernel='xla' for such a decomposition)."
+        )
+    return halos[0]
+
+
+def make_gpu_step_into(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    slab: int | None = None,
+    constant_force: list[np.ndarray] | None = None,
+    *,
+    interpret: bool = False,
+) -> Callable[..., jax.Array]:
+    """Build ``step_into(aux, f, g, halos=None) -> g'``, the fused twin of
+    :func:`lbm_jax._kernel.make_step_into` (same arguments and contract).
+
+    Args:
+        lattice: Velocity set.
+        storage: Storage policy.
+        model: Collision operator (BGK or TRT).
+        shape: Grid size ``(X, *rest)`` of the populations passed in.
+        slab: Ignored (the kernel covers the grid); accepted for the common
+            signature.
+        constant_force: Force components as scalars, or ``None``; used when
+            ``aux.force`` is ``None``.
+        interpret: Run the kernel in Pallas' interpret mode (any backend; slow,
+            for tests).
+
+    ``g`` is overwritten (it is aliased to the result, so a donated ``g`` costs
+    no allocation). ``halos``: ``None``, or the x ghost planes of a grid split
+    along x (a ``(low, high)`` pair or one entry per grid axis with ``None`` for
+    y and z).
+
+    Raises:
+        ValueError: A configuration :func:`supported` rejects.
+    """
+    del slab
+    shape = tuple(int(s) for s in shape)
+    if not supported(lattice, storage, model, shape, interpret=True):
+        raise ValueError(
+            f"the fused GPU step does not cover {lattice.name} on {shape} with "
+            f"{storage}, {model.kind.value}"
+            + (" (Smagorinsky)" if model.smagorinsky else "")
+            + "; use make_step_into."
+        )
+    plan = _Plan(lattice, storage, model, shape, constant_force, interpret)
+
+    def step_into(aux: Any, f: jax.Array, g: jax.Array, halos: Any = None):
+        if f.shape != plan.full or f.dtype != storage.storage_dtype:
+            raise ValueError(
+                f"populations have shape {f.shape} and dtype {f.dtype}, expected "
+                f"{plan.full} and {storage.storage_dtype}."
+            )
+        ops = _operands(aux, _x_halos(halos, lattice.d))
+        return _call(plan, _pull_kernel(plan, tuple(ops)), f, ops, g)
+
+    return step_into
+
+
+def _call(
+    plan: _Plan,
+    kernel: Callable[..., None],
+    f: jax.Array,
+    ops: dict[str, jax.Array],
+    out: jax.Array,
+) -> jax.Array:
+    """Run ``kernel(f, *ops, out)`` over the grid with ``out`` aliased."""
+    pl, _ = _pallas()
+    args = [f, *ops.values(), out]
+    params = {} if plan.interpret else {"compiler_params": _compiler_params()}
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+        grid=plan.grid,
+        input_output_aliases={len(args) - 1: 0},
+        interpret=plan.interpret,
+        name=f"lbm_{plan.lattice.name.lower()}_{plan.storage.short_name}",
+        **params,
+    )(*args)
+
+
+def _compiler_params() -> Any:
+    _, plgpu = _pallas()
+    return plgpu.CompilerParams(num_warps=4, num_stages=1)
+
+
+def _pull_kernel(plan: _Plan, names: tuple[str, ...]) -> Callable[..., None]:
+    """The two-buffer kernel: pull from ``f`` (and the x ghost planes)."""
+    _, plgpu = _pallas()
+    nx = plan.shape[0]
+    st = plan.storage
+
+    def kernel(f_ref, *refs):
+        *op_refs, _, g_ref = refs
+        refs = dict(zip(names, op_refs, strict=True))
+        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        mask = cells.mask
+
+        def load_pulled(i: int) -> jax.Array:
+            src = cells.shifted(plan.dirs[i], -1)
+            x = src[0]
+            if "left" not in refs:
+                src[0] = _wrap(x, nx)
+                return plgpu.load(f_ref.at[_index(src, i)], mask=mask, other=0)
+            inside = (x >= 0) & (x < nx)
+            value = plgpu.load(
+                f_ref.at[_index([jnp.clip(x, 0, nx - 1), *src[1:]], i)],
+                mask=mask & inside,
+                other=0,
+            )
+            for name, at, hit in (("left", 0, x < 0), ("right", 0, x >= nx)):
+                ghost = plgpu.load(
+                    refs[name].at[_index([at, *src[1:]], i)],
+                    mask=mask & hit,
+                    other=0,
+                )
+                value = jnp.where(hit, ghost, value)
+            return value
+
+        fs = [st.decode(load_pulled(i)) for i in range(plan.lattice.q)]
+
+        def own(i: int) -> jax.Array:
+            return plgpu.load(f_ref.at[_index(cells.coords, i)], mask=mask, other=0)
+
+        out = plan.finish(refs, cells, fs, own)
+        fixed = plan.fixed_at(refs, cells)
+        for i, v in enumerate(out):
+            at = _index(cells.coords, i)
+            if fixed is not None:
+                v = jnp.where(
+                    fixed, plgpu.load(refs["fixed"].at[at], mask=mask, other=0), v
+                )
+            plgpu.store(g_ref.at[at], v, mask=mask)
+
+    return kernel
+
+
+def make_gpu_advance_inplace(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    slab: int | None = None,
+    constant_force: list[np.ndarray] | None = None,
+    *,
+    interpret: bool = False,
+) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
+    """Build ``advance(aux, f, steps) -> f'``: ``steps`` steps in one buffer by
+    esoteric pull (see the module docstring); one device.
+
+    The arguments are those of :func:`make_gpu_step_into`. The result equals
+    ``steps`` steps of the two-buffer fused step bit for bit.
+    """
+    del slab
+    shape = tuple(int(s) for s in shape)
+    if not supported(lattice, storage, model, shape, interpret=True):
+        raise ValueError(
+            f"the fused GPU step does not cover {lattice.name} on {shape} with "
+            f"{storage}, {model.kind.value}; use make_advance_inplace."
+        )
+    plan = _Plan(lattice, storage, model, shape, constant_force, interpret)
+
+    def advance(aux: Any, f: jax.Array, steps: jax.Array) -> jax.Array:
+        if f.shape != plan.full or f.dtype != storage.storage_dtype:
+            raise ValueError(
+                f"populations have shape {f.shape} and dtype {f.dtype}, expected "
+                f"{plan.full} and {storage.storage_dtype}."
+            )
+        ops = _operands(aux, None)
+        names = tuple(ops)
+        even = _esoteric_kernel(plan, names, odd=False)
+        odd = _esoteric_kernel(plan, names, odd=True)
+        swap = _swap_kernel(plan)
+
+        def pair(_: jax.Array, f: jax.Array) -> jax.Array:
+            f = _call(plan, even, f, ops, f)
+            return _call(plan, odd, f, ops, f)
+
+        # an odd count: permute to the odd-step layout, then one odd step
+        f = lax.cond(
+            steps % 2 == 1,
+            lambda f: _call(plan, odd, _call(plan, swap, f, {}, f), ops, f),
+            lambda f: f,
+            f,
+        )
+        f = lax.fori_loop(0, steps // 2, pair, f)
+        bnd = aux.boundary
+        if bnd.fixed_mask is not None:  # non-fluid cells hold their values again
+            f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
+        return f
+
+    return advance
+
+
+def _esoteric_kernel(
+    plan: _Plan, names: tuple[str, ...], *, odd: bool
+) -> Callable[..., None]:
+    """One in-place esoteric-pull step (``odd``: from the swapped layout)."""
+    _, plgpu = _pallas()
+    st = plan.storage
+    opp = plan.lattice.opposite
+    nx = plan.shape[0]
+
+    def slot_in(cells: _Cells, i: int) -> tuple:
+        """Where the cell finds pre-collision ``f_i``."""
+        if odd:
+            return _index(cells.coords, int(opp[i]))
+        src = cells.shifted(plan.dirs[i], -1)
+        src[0] = _wrap(src[0], nx)
+        return _index(src, i)
+
+    def slot_out(cells: _Cells, i: int) -> tuple:
+        """Where the cell leaves post-collision ``f_i``."""
+        if odd:
+            return _index(cells.coords, i)
+        dst = cells.shifted(plan.dirs[i], 1)
+        dst[0] = _wrap(dst[0], nx)
+        return _index(dst, int(opp[i]))
+
+    def kernel(f_ref, *refs):
+        *op_refs, _, g_ref = refs
+        refs = dict(zip(names, op_refs, strict=True))
+        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        fixed = plan.fixed_at(refs, cells)
+        mask = cells.mask if fixed is None else cells.mask & ~fixed
+        fs = []
+        for i in range(plan.lattice.q):
+            v = plgpu.load(f_ref.at[slot_in(cells, i)], mask=mask, other=0)
+            if fixed is not None and any(plan.dirs[i]):
+                # a non-fluid upstream cell: its fixed populations
+                src = cells.shifted(plan.dirs[i], -1)
+                src[0] = _wrap(src[0], nx)
+                held = plgpu.load(
+                    refs["fixed_mask"].at[_index(src, 0)], mask=mask, other=False
+                )
+                v = jnp.where(
+                    held,
+                    plgpu.load(refs["fixed"].at[_index(src, i)], mask=mask, other=0),
+                    v,
+                )
+            fs.append(st.decode(v))
+
+        def own(j: int) -> jax.Array:
+            # the cell's post-collision f_j of the previous step: in the slot it
+            # wrote last (a slot of the non-fluid neighbour, which never writes)
+            i = int(opp[j])
+            if odd:
+                src = cells.shifted(plan.dirs[i], -1)
+                src[0] = _wrap(src[0], nx)
+                at = _index(src, i)
+            else:
+                at = _index(cells.coords, j)
+            return plgpu.load(f_ref.at[at], mask=mask, other=0)
+
+        cells.mask = mask
+        out = plan.finish(refs, cells, fs, own)
+        for i, v in enumerate(out):
+            plgpu.store(g_ref.at[slot_out(cells, i)], v, mask=mask)
+
+    return kernel
+
+
+def _swap_kernel(plan: _Plan) -> Callable[..., None]:
+    """Swap slot ``(x, i)`` with ``(x + c_i, opp(i))`` for one direction of each
+    opposite pair: standard layout <-> the layout after an even esoteric step."""
+    _, plgpu = _pallas()
+    opp = plan.lattice.opposite
+    nx = plan.shape[0]
+    half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
+
+    def kernel(f_ref, g_ref):
+        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        mask = cells.mask
+        for i in half:
+            dst = cells.shifted(plan.dirs[i], 1)
+            dst[0] = _wrap(dst[0], nx)
+            here = _index(cells.coords, i)
+            there = _index(dst, int(opp[i]))
+            a = plgpu.load(f_ref.at[here], mask=mask, other=0)
+            b = plgpu.load(f_ref.at[there], mask=mask, other=0)
+            plgpu.store(g_ref.at[here], b, mask=mask)
+            plgpu.store(g_ref.at[there], a, mask=mask)
+
+    return kernel
