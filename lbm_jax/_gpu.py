@@ -153,8 +153,11 @@ class _Cells:
         lead = [pl.program_id(a) for a in range(d - 1)]
         last = pl.program_id(d - 1) * block + jnp.arange(block, dtype=jnp.int32)
         self.shape = shape
-        self.coords = [*lead, last]
         self.mask = last < shape[-1]
+        # cells past the grid's end point far outside it, also once shifted
+        # and wrapped (masked lanes never touch memory on a GPU; the
+        # interpreter drops out-of-bounds stores)
+        self.coords = [*lead, jnp.where(self.mask, last, 4 * shape[-1] + 8)]
 
     def shifted(self, ci: tuple[int, ...], sign: int) -> list[jax.Array]:
         """Coordinates ``x + sign * c`` wrapped periodically (unwrapped along x)."""
@@ -425,7 +428,7 @@ def make_gpu_step_into(
                 f"{plan.full} and {storage.storage_dtype}."
             )
         ops = _operands(aux, _x_halos(halos, lattice.d))
-        return _call(plan, _pull_kernel(plan, tuple(ops)), f, ops, g)
+        return _call(plan, _pull_kernel(plan, tuple(ops)), [f, *ops.values()], g)
 
     return step_into
 
@@ -433,13 +436,14 @@ def make_gpu_step_into(
 def _call(
     plan: _Plan,
     kernel: Callable[..., None],
-    f: jax.Array,
-    ops: dict[str, jax.Array],
+    inputs: list[jax.Array],
     out: jax.Array,
 ) -> jax.Array:
-    """Run ``kernel(f, *ops, out)`` over the grid with ``out`` aliased."""
+    """Run ``kernel(*inputs, out, out)`` over the grid, the result aliased to
+    ``out`` (the kernel gets the refs of the inputs, of ``out`` as it comes in,
+    and of the result; on a GPU the last two are the same memory)."""
     pl, _ = _pallas()
-    args = [f, *ops.values(), out]
+    args = [*inputs, out]
     params = {} if plan.interpret else {"compiler_params": _compiler_params()}
     return pl.pallas_call(
         kernel,
@@ -545,14 +549,16 @@ def make_gpu_advance_inplace(
         odd = _esoteric_kernel(plan, names, odd=True)
         swap = _swap_kernel(plan)
 
+        inputs = list(ops.values())
+
         def pair(_: jax.Array, f: jax.Array) -> jax.Array:
-            f = _call(plan, even, f, ops, f)
-            return _call(plan, odd, f, ops, f)
+            f = _call(plan, even, inputs, f)
+            return _call(plan, odd, inputs, f)
 
         # an odd count: permute to the odd-step layout, then one odd step
         f = lax.cond(
             steps % 2 == 1,
-            lambda f: _call(plan, odd, _call(plan, swap, f, {}, f), ops, f),
+            lambda f: _call(plan, odd, inputs, _call(plan, swap, [], f)),
             lambda f: f,
             f,
         )
@@ -590,8 +596,8 @@ def _esoteric_kernel(
         dst[0] = _wrap(dst[0], nx)
         return _index(dst, int(opp[i]))
 
-    def kernel(f_ref, *refs):
-        *op_refs, _, g_ref = refs
+    def kernel(*refs):
+        *op_refs, f_ref, g_ref = refs  # f_ref and g_ref: the same buffer on a GPU
         refs = dict(zip(names, op_refs, strict=True))
         cells = _Cells(_pallas()[0], plan.shape, plan.block)
         fixed = plan.fixed_at(refs, cells)
@@ -641,7 +647,7 @@ def _swap_kernel(plan: _Plan) -> Callable[..., None]:
     nx = plan.shape[0]
     half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
 
-    def kernel(f_ref, g_ref):
+    def kernel(f_ref, g_ref):  # the same buffer on a GPU
         cells = _Cells(_pallas()[0], plan.shape, plan.block)
         mask = cells.mask
         for i in half:

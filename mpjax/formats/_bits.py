@@ -8,7 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["SourceLayout", "source_layout", "rne_shift_right", "storage_uint"]
+__all__ = [
+    "SourceLayout",
+    "clz32",
+    "source_layout",
+    "rne_shift_right",
+    "storage_uint",
+]
 
 
 class SourceLayout(NamedTuple):
@@ -66,3 +72,24 @@ def rne_shift_right(value: jax.Array, shift: jax.Array) -> jax.Array:
     odd = (quotient & one) == one
     round_up = (remainder > half) | ((remainder == half) & odd)
     return quotient + round_up.astype(value.dtype)
+
+
+def clz32(x: jax.Array) -> jax.Array:
+    """Leading zeros of ``uint32`` values (32 for zero), as ``uint32``.
+
+    A branch-free binary search of compares and shifts: the same bits as
+    ``lax.clz``, in operations every backend lowers (GPU kernel compilers
+    such as Pallas' Triton have no count-leading-zeros operation).
+
+    >>> import jax.numpy as jnp
+    >>> clz32(jnp.array([0, 1, 0x80000000], jnp.uint32)).tolist()
+    [32, 31, 0]
+    """
+    x = x.astype(jnp.uint32)
+    n = jnp.zeros(x.shape, jnp.uint32)
+    v = x
+    for shift in (16, 8, 4, 2, 1):
+        small = v < jnp.uint32(1 << (32 - shift))  # the top `shift` bits are 0
+        n = n + jnp.where(small, jnp.uint32(shift), jnp.uint32(0))
+        v = jnp.where(small, v << jnp.uint32(shift), v)
+    return jnp.where(x == jnp.uint32(0), jnp.uint32(32), n)

@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 
 from mpjax.formats._base import NumberFormat
-from mpjax.formats._bits import rne_shift_right, source_layout, storage_uint
+from mpjax.formats._bits import clz32, rne_shift_right, source_layout, storage_uint
 
 __all__ = ["MinifloatFormat", "minifloat"]
 
@@ -234,7 +234,7 @@ class MinifloatFormat(NumberFormat):
         else:
             # Build the float32 bits directly (XLA:CPU flushes float32
             # subnormals produced by arithmetic to zero).
-            lead = c(31) - lax.clz(man)  # position of the leading one
+            lead = c(31) - clz32(man)  # position of the leading one
             e32 = lead.astype(jnp.int32) + (128 - bias - m)  # biased f32 exponent
             frac = (man << (c(23) - lead)) & c(0x7FFFFF)
             as_normal = (e32.astype(jnp.uint32) << c(23)) | frac

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from mpjax.formats._base import NumberFormat
-from mpjax.formats._bits import source_layout, storage_uint
+from mpjax.formats._bits import clz32, source_layout, storage_uint
 
 __all__ = ["PositFormat", "posit"]
 
@@ -147,7 +147,7 @@ class PositFormat(NumberFormat):
 
         body = mag << c(33 - n)  # the bits after the sign, left-aligned
         first_one = (body >> c(31)) == c(1)
-        run = jnp.where(first_one, lax.clz(~body), lax.clz(body))
+        run = jnp.where(first_one, clz32(~body), clz32(body))
         regime = jnp.where(first_one, run.astype(jnp.int32) - 1, -run.astype(jnp.int32))
         rest = body << (run + c(1))
         if es > 0:
