@@ -170,7 +170,7 @@ def _case_table() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m lbm_jax``."""
-    from lbm_jax import Collision, list_lattices
+    from lbm_jax import Collision, Streaming, list_lattices
     from lbm_jax._native import KERNELS
     from lbm_jax.bench import DEFAULT_UPDATES, FULL_PROBLEMS
     from lbm_jax.cases import CASES, CLI_OPTIONS
@@ -315,8 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel",
         choices=KERNELS,
         default="auto",
-        help="the step's implementation: the fused native CPU kernel where it "
-        "covers the configuration, or XLA (default: %(default)s)",
+        help="the step's implementation: auto picks the fused GPU kernel on a "
+        "GPU and the fused native CPU kernel on a CPU where they cover the "
+        "configuration, else XLA (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--streaming",
+        choices=[s.value for s in Streaming],
+        default="auto",
+        help="keep the populations in one buffer updated in place, or pull into "
+        "a second one (default: %(default)s)",
     )
     bench.add_argument(
         "--all",
@@ -587,6 +595,7 @@ def _bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "repeats": args.repeats,
         "collision": args.collision,
         "kernel": args.kernel,
+        "streaming": args.streaming,
     }
     if args.all or len(storages) > 1 or args.rounds > 1:
         if not args.all:

@@ -148,7 +148,9 @@ class _Cells:
     cells inside the grid.
     """
 
-    def __init__(self, pl: Any, shape: tuple[int, ...], block: int) -> None:
+    def __init__(self, plan: _Plan, vma: tuple[str, ...] = ()) -> None:
+        pl, _ = _pallas()
+        shape, block = plan.shape, plan.block
         d = len(shape)
         lead = [pl.program_id(a) for a in range(d - 1)]
         last = pl.program_id(d - 1) * block + jnp.arange(block, dtype=jnp.int32)
@@ -157,7 +159,10 @@ class _Cells:
         # cells past the grid's end point far outside it, also once shifted
         # and wrapped (masked lanes never touch memory on a GPU; the
         # interpreter drops out-of-bounds stores)
-        self.coords = [*lead, jnp.where(self.mask, last, 4 * shape[-1] + 8)]
+        coords = [*lead, jnp.where(self.mask, last, 4 * shape[-1] + 8)]
+        if vma and plan.interpret:  # interpreted inside shard_map: per device
+            coords = [lax.pcast(c, vma, to="varying") for c in coords]
+        self.coords = coords
 
     def shifted(self, ci: tuple[int, ...], sign: int) -> list[jax.Array]:
         """Coordinates ``x + sign * c`` wrapped periodically (unwrapped along x)."""
@@ -428,7 +433,9 @@ def make_gpu_step_into(
                 f"{plan.full} and {storage.storage_dtype}."
             )
         ops = _operands(aux, _x_halos(halos, lattice.d))
-        return _call(plan, _pull_kernel(plan, tuple(ops)), [f, *ops.values()], g)
+        vma = tuple(getattr(jax.typeof(f), "vma", ()))
+        kernel = _pull_kernel(plan, tuple(ops), vma)
+        return _call(plan, kernel, [f, *ops.values()], g)
 
     return step_into
 
@@ -447,7 +454,7 @@ def _call(
     params = {} if plan.interpret else {"compiler_params": _compiler_params()}
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
+        out_shape=_like(out),
         grid=plan.grid,
         input_output_aliases={len(args) - 1: 0},
         interpret=plan.interpret,
@@ -456,13 +463,27 @@ def _call(
     )(*args)
 
 
+def _like(out: jax.Array) -> jax.ShapeDtypeStruct:
+    """The result type of ``out`` (inside ``shard_map``: varying like ``out``)."""
+    mat = getattr(jax.typeof(out), "mat", None)
+    if mat is not None:
+        try:
+            return jax.ShapeDtypeStruct(out.shape, out.dtype, manual_axis_type=mat)
+        except TypeError:  # a jax without this argument
+            pass
+    return jax.ShapeDtypeStruct(out.shape, out.dtype)
+
+
 def _compiler_params() -> Any:
     _, plgpu = _pallas()
     return plgpu.CompilerParams(num_warps=4, num_stages=1)
 
 
-def _pull_kernel(plan: _Plan, names: tuple[str, ...]) -> Callable[..., None]:
-    """The two-buffer kernel: pull from ``f`` (and the x ghost planes)."""
+def _pull_kernel(
+    plan: _Plan, names: tuple[str, ...], vma: tuple[str, ...] = ()
+) -> Callable[..., None]:
+    """The two-buffer kernel: pull from ``f`` (and the x ghost planes); ``vma``:
+    the mesh axes ``f`` varies over (inside ``shard_map``)."""
     _, plgpu = _pallas()
     nx = plan.shape[0]
     st = plan.storage
@@ -470,7 +491,7 @@ def _pull_kernel(plan: _Plan, names: tuple[str, ...]) -> Callable[..., None]:
     def kernel(f_ref, *refs):
         *op_refs, _, g_ref = refs
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        cells = _Cells(plan, vma)
         mask = cells.mask
 
         def load_pulled(i: int) -> jax.Array:
@@ -599,7 +620,7 @@ def _esoteric_kernel(
     def kernel(*refs):
         *op_refs, f_ref, g_ref = refs  # f_ref and g_ref: the same buffer on a GPU
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        cells = _Cells(plan)
         fixed = plan.fixed_at(refs, cells)
         mask = cells.mask if fixed is None else cells.mask & ~fixed
         fs = []
@@ -648,7 +669,7 @@ def _swap_kernel(plan: _Plan) -> Callable[..., None]:
     half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
 
     def kernel(f_ref, g_ref):  # the same buffer on a GPU
-        cells = _Cells(_pallas()[0], plan.shape, plan.block)
+        cells = _Cells(plan)
         mask = cells.mask
         for i in half:
             dst = cells.shifted(plan.dirs[i], 1)

@@ -168,8 +168,13 @@ class Simulation:
             through ``jax.ffi``) where it covers the configuration (D2Q9,
             D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16
             storage, on a CPU, split along x at most), the XLA step
-            elsewhere; ``"native"`` requires it; ``"xla"`` never uses it.
-            Both give bit-identical results; :attr:`kernel` says which runs.
+            elsewhere, and on a GPU the fused GPU step (one Pallas kernel per
+            step, :mod:`lbm_jax._gpu`) where it covers the configuration
+            (D2Q9/D3Q19/D3Q27, BGK or TRT, every storage, boundaries and
+            forces, split along x at most); ``"native"`` and ``"gpu"``
+            require theirs; ``"xla"`` never uses either. The native step is
+            bit-identical to the XLA step, the GPU step agrees to within
+            rounding; :attr:`kernel` says which runs.
 
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau`` too close to 1/2,
@@ -346,7 +351,7 @@ class Simulation:
 
     @property
     def kernel(self) -> str:
-        """Implementation of the two-buffer step: ``"native"`` or ``"xla"``."""
+        """Implementation of the step: ``"native"``, ``"gpu"`` or ``"xla"``."""
         return self._static.kernel
 
     @property

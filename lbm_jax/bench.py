@@ -49,7 +49,19 @@ def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 
 #: STREAM-like kernels of :func:`stream_bandwidths`.
-STREAM_KERNELS = ("copy", "triad")
+STREAM_KERNELS = ("copy", "triad", "scale")
+
+#: Passes of the ``scale`` kernel inside one compiled call (so the timing is the
+#: device's, not the dispatch of one short call).
+_SCALE_PASSES = 20
+
+
+@jax.jit(donate_argnums=0)
+def _scale(x: jax.Array) -> jax.Array:
+    """``x * (1 + 1e-7)``, :data:`_SCALE_PASSES` times over, in the donated buffer
+    (each pass reads and writes the whole array on the default device)."""
+    factor = jnp.float32(1.0000001)
+    return jax.lax.fori_loop(0, _SCALE_PASSES, lambda _, v: v * factor, x)
 
 
 @jax.jit(donate_argnums=2)
@@ -67,11 +79,15 @@ def stream_bandwidths(
 ) -> dict[str, float]:
     """STREAM-like kernels on arrays far larger than cache, in GB/s (1e9 B/s).
 
-    ``copy`` is ``b[:] = a`` in NumPy (one thread; 2 arrays moved), ``triad`` is
-    ``a + s * b`` compiled by JAX into a donated output buffer (XLA may use every
-    core; 3 arrays moved). Neither allocates while timed, so page faults of fresh
-    memory do not count against the bandwidth. Each figure is the median of
-    ``repeats`` timed runs after a warm-up.
+    ``copy`` is ``b[:] = a`` in NumPy (host memory, one thread; 2 arrays moved),
+    ``triad`` is ``a + s * b`` compiled by JAX into a donated output buffer (XLA
+    may use every core; 3 arrays moved), ``scale`` multiplies a donated array in
+    place on the default device, :data:`_SCALE_PASSES` passes in one compiled
+    call (each pass reads and writes the array once: 2 arrays moved per pass;
+    the figure an accelerator reaches, free of per-call dispatch). None
+    allocates while timed, so page faults of fresh memory do not count against
+    the bandwidth. Each figure is the median of ``repeats`` timed runs after a
+    warm-up.
 
     Args:
         size_mib: Size of each array in MiB.
@@ -108,15 +124,37 @@ def stream_bandwidths(
             return holder[0]
 
         out["triad"] = 3 * nbytes / _median_seconds(triad, repeats) / 1e9
+    if "scale" in kernels:
+        holder = [jnp.asarray(a)]
+
+        def scale() -> jax.Array:
+            holder[0] = _scale(holder[0])
+            return holder[0]
+
+        seconds = _median_seconds(scale, repeats)
+        out["scale"] = 2 * _SCALE_PASSES * nbytes / seconds / 1e9
     return out
 
 
-def measure_bandwidth(*, size_mib: int = 128, repeats: int = 5) -> float:
-    """Sustained memory bandwidth in GB/s: the better of STREAM copy and triad.
+#: Array size of the bandwidth measurement on accelerators (MiB): far beyond
+#: their last-level caches (an H200's L2 holds 60 MiB).
+ACCELERATOR_MIB = 1024
 
-    See :func:`stream_bandwidths` for the kernels.
+
+def measure_bandwidth(*, size_mib: int = 128, repeats: int = 5) -> float:
+    """Sustained memory bandwidth in GB/s of the memory the solver uses.
+
+    On a CPU the best of the STREAM-like ``copy``, ``triad`` and ``scale``
+    kernels; on an accelerator the device's own ``scale`` kernel on arrays of at
+    least :data:`ACCELERATOR_MIB` MiB (host copies say nothing about device
+    memory). See :func:`stream_bandwidths`.
     """
-    bw = stream_bandwidths(size_mib=size_mib, repeats=repeats)
+    if jax.default_backend() == "cpu":
+        bw = stream_bandwidths(size_mib=size_mib, repeats=repeats)
+    else:
+        bw = stream_bandwidths(
+            size_mib=max(size_mib, ACCELERATOR_MIB), repeats=repeats, kernels=("scale",)
+        )
     return max(bw.values())
 
 
@@ -176,6 +214,7 @@ def bench(
     bandwidth: float | None = None,
     devices: int | tuple[int, ...] | None = None,
     kernel: str = "auto",
+    streaming: str = "auto",
 ) -> dict[str, Any]:
     """Measure MLUPs of the compiled step on a periodic ``n^D`` box with a flow.
 
@@ -205,7 +244,9 @@ def bench(
             device when ``n`` is divisible by their number, else uses one. On a
             CPU the command line starts with one host device per core.
         kernel: The step's implementation (see :class:`lbm_jax.Simulation`):
-            ``"auto"``, ``"native"`` or ``"xla"``.
+            ``"auto"``, ``"native"``, ``"gpu"`` or ``"xla"``.
+        streaming: ``"auto"``, ``"inplace"`` or ``"two-buffer"`` (see
+            :class:`lbm_jax.Simulation`).
 
     Returns:
         A JSON-ready dict: ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
@@ -241,7 +282,14 @@ def bench(
             )
         bandwidth = float(bandwidth)
     run = _Run(
-        lat, n, policy, steps=steps, collision=collision, devices=devices, kernel=kernel
+        lat,
+        n,
+        policy,
+        steps=steps,
+        collision=collision,
+        devices=devices,
+        kernel=kernel,
+        streaming=streaming,
     )
     if bandwidth is None:
         bandwidth = measure_bandwidth()
@@ -273,12 +321,15 @@ class _Run:
     that rounds compare storage policies without recompiling.
     """
 
-    def __init__(self, lat, n, policy, *, steps, collision, devices, kernel) -> None:
+    def __init__(
+        self, lat, n, policy, *, steps, collision, devices, kernel, streaming="auto"
+    ) -> None:
         from lbm_jax._simulation import Simulation
 
-        if devices is None:
+        if devices is None:  # in-place streaming runs on one device
             available = jax.local_device_count()
-            devices = available if n % available == 0 else 1
+            split = n % available == 0 and str(streaming).lower() != "inplace"
+            devices = available if split else 1
         self.sim = Simulation(
             lat,
             (n,) * lat.d,
@@ -287,6 +338,7 @@ class _Run:
             collision=collision,
             devices=devices,
             kernel=kernel,
+            streaming=streaming,
         )
         self.lat, self.n, self.policy = lat, n, policy
         self.steps, self.collision = steps, collision
@@ -330,6 +382,7 @@ class _Run:
             "flow": FLOW,
             "backend": jax.default_backend(),
             "kernel": self.sim.kernel,
+            "streaming": self.sim.streaming.value,
             "devices": self.sim.devices,
             "decomposition": list(self.sim.decomposition),
             "halo_bytes": self.sim.devices
@@ -354,6 +407,7 @@ def bench_all(
     progress: Callable[[Any], Any] | None = None,
     devices: int | tuple[int, ...] | None = None,
     kernel: str = "auto",
+    streaming: str = "auto",
 ) -> dict[str, Any]:
     """:func:`bench` for every storage policy on each problem, one bandwidth figure.
 
@@ -380,6 +434,7 @@ def bench_all(
         progress: Optional wrapper of the list of runs (e.g. a progress bar).
         devices: The domain decomposition of every run (see :func:`bench`).
         kernel: The step's implementation in every run (see :func:`bench`).
+        streaming: In place or two buffers, in every run (see :func:`bench`).
 
     Returns:
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
@@ -426,6 +481,7 @@ def bench_all(
                 collision=collision,
                 devices=devices,
                 kernel=kernel,
+                streaming=streaming,
             )
         run = prepared[key]
         runs.setdefault(key, []).append(run.result(run.time(repeats), repeats, before))

@@ -13,12 +13,25 @@ from lbm_jax.bench import bench, format_table, measure_bandwidth, stream_bandwid
 
 def test_stream_bandwidths_are_positive_and_finite():
     bw = stream_bandwidths(size_mib=8, repeats=2)
-    assert set(bw) == {"copy", "triad"}
+    assert set(bw) == {"copy", "triad", "scale"}
     assert all(0 < v < 1e4 for v in bw.values())
     assert measure_bandwidth(size_mib=8, repeats=1) > 0
     assert set(stream_bandwidths(size_mib=4, repeats=1, kernels=("copy",))) == {"copy"}
     with pytest.raises(ValueError, match="kernels"):
-        stream_bandwidths(size_mib=4, kernels=("scale",))
+        stream_bandwidths(size_mib=4, kernels=("fill",))
+
+
+def test_stream_bandwidths_count_bytes_read_and_written(monkeypatch):
+    """One timed second of each kernel: copy moves 2 arrays, triad 3, and the
+    device scale kernel 2 per pass over its array."""
+    import lbm_jax.bench as bench_module
+
+    monkeypatch.setattr(bench_module, "_median_seconds", lambda fn, repeats: 1.0)
+    bw = stream_bandwidths(size_mib=4, repeats=1)
+    nbytes = 4 * 2**20
+    assert bw["copy"] == pytest.approx(2 * nbytes / 1e9)
+    assert bw["triad"] == pytest.approx(3 * nbytes / 1e9)
+    assert bw["scale"] == pytest.approx(2 * bench_module._SCALE_PASSES * nbytes / 1e9)
 
 
 @pytest.mark.parametrize(("storage", "bytes_per_cell"), [("fp32", 72), ("fp16s", 36)])

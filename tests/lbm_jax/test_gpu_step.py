@@ -1,0 +1,188 @@
+"""The fused GPU step's logic, run on the CPU in Pallas' interpret mode.
+
+Every test builds one configuration twice (:func:`gpu_twin`): with the XLA step,
+the reference, and with the fused GPU step. Results agree to within rounding of
+the per-cell arithmetic (the fused step sums the same terms in the same order; on
+a GPU the compiler may contract multiply-adds differently), with equal sums of
+mass and momentum; in-place (esoteric-pull) and two-buffer fused steps agree bit
+for bit.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import lbm_jax
+from experiments.gpu_lbm_check import within_rounding
+from lbm_jax import CellType, _gpu, get_lattice, get_storage
+from lbm_jax._collision import parse_collision
+
+from ._gpu_pairs import gpu_twin
+
+
+def _walls(shape):
+    """A channel: resting wall at y = 0, moving lid at y = Y - 1, and a patch of
+    equilibrium cells (an inlet) on the first x-plane."""
+    ct = np.zeros(shape, np.int32)
+    ct[:, 0] = CellType.SOLID
+    ct[:, -1] = CellType.WALL
+    ct[0, 2:4] = CellType.EQUILIBRIUM
+    return ct
+
+
+def _flow(d):
+    return np.array([0.02, -0.01, 0.015][:d])
+
+
+def _assert_close(ref, fused, a, b, steps, force=None):
+    """Stored populations within rounding; mass and momentum sums equal to
+    within the storage precision."""
+    close, worst = within_rounding(ref, a.f, b.f, steps)
+    assert close, f"populations differ beyond rounding (up to {worst} codes)"
+    eps = 10 * steps * float(ref.storage.format.epsilon)
+    ra, rb = lbm_jax.density(ref, a), lbm_jax.density(fused, b)
+    ua = lbm_jax.velocity(ref, a, force=force)
+    ub = lbm_jax.velocity(fused, b, force=force)
+    ma, mb = np.sum(np.asarray(ra, np.float64)), np.sum(np.asarray(rb, np.float64))
+    assert abs(ma - mb) <= eps * abs(ma), (ma, mb)
+    axes = tuple(range(1, ua.ndim))
+    ja = np.sum(np.asarray(ra[None] * ua, np.float64), axis=axes)
+    jb = np.sum(np.asarray(rb[None] * ub, np.float64), axis=axes)
+    np.testing.assert_allclose(ja, jb, rtol=0, atol=eps * abs(ma))
+
+
+# lattice x storage x boundaries x force x collision: every storage format
+# appears, every lattice with walls and a force, both collision operators
+CASES = [
+    ("D2Q9", (12, 40), "fp16c", dict(force=[1e-5, 2e-5])),
+    ("D3Q19", (6, 8, 20), "fp16s", dict(collision="trt", field=True)),
+    ("D3Q27", (5, 6, 18), "bf16", dict(shift=False, walls=False)),
+    ("D3Q19", (4, 6, 20), "posit16", dict(walls=False)),
+    pytest.param(
+        "D2Q9", (8, 24), "fp32", dict(collision="trt"), marks=pytest.mark.slow
+    ),
+    pytest.param(
+        "D3Q19", (4, 6, 20), "fp16", dict(shift=False), marks=pytest.mark.slow
+    ),
+    pytest.param("D3Q19", (4, 6, 20), "posit16_es2", {}, marks=pytest.mark.slow),
+    pytest.param("D3Q19", (4, 6, 20), "posit16s", {}, marks=pytest.mark.slow),
+    pytest.param(
+        "D3Q27", (4, 6, 18), "fp16c", dict(field=True), marks=pytest.mark.slow
+    ),
+]
+
+
+def _config(shape, storage, extra):
+    d = len(shape)
+    extra = dict(extra)
+    config = dict(tau=0.7, storage=storage)
+    if extra.pop("walls", True):
+        uw = np.zeros(d)
+        uw[0] = 0.05
+        config.update(cell_type=_walls(shape), wall_velocity=uw)
+    if extra.pop("field", False):
+        rng = np.random.default_rng(1)
+        config["force"] = 1e-5 * rng.standard_normal((d, *shape))
+    config.update(extra)
+    return config
+
+
+@pytest.mark.parametrize(("lattice", "shape", "storage", "extra"), CASES)
+def test_gpu_step_matches_xla_step(monkeypatch, lattice, shape, storage, extra):
+    config = _config(shape, storage, extra)
+    ref, fused = gpu_twin(monkeypatch, lattice, shape, **config)
+    u0 = _flow(len(shape))
+    a = ref.advance(ref.init(u=u0), 5)
+    b = fused.advance(fused.init(u=u0), 5)
+    _assert_close(ref, fused, a, b, 5)
+
+
+@pytest.mark.slow
+def test_gpu_step_float64(monkeypatch, x64):
+    shape = (4, 6, 20)
+    config = _config(shape, "fp64", {})
+    ref, fused = gpu_twin(monkeypatch, "D3Q19", shape, **config)
+    a = ref.advance(ref.init(u=_flow(3)), 3)
+    b = fused.advance(fused.init(u=_flow(3)), 3)
+    _assert_close(ref, fused, a, b, 3)
+
+
+def test_gpu_step_per_call_force(monkeypatch):
+    """A force given per call (a vector, then a field) replaces the own force."""
+    shape = (6, 30)
+    ref, fused = gpu_twin(monkeypatch, "D2Q9", shape, tau=0.8, storage="fp16s")
+    a, b = ref.init(u=_flow(2)), fused.init(u=_flow(2))
+    vector = jnp.asarray([2e-5, -1e-5], jnp.float32)
+    field = jnp.asarray(1e-5 * np.random.default_rng(2).standard_normal((2, *shape)))
+    for force in (vector, field):
+        a, b = ref.step(a, force), fused.step(b, force)
+        _assert_close(ref, fused, a, b, 1, force=force)
+
+
+@pytest.mark.parametrize("steps", [pytest.param(4, marks=pytest.mark.slow), 7])
+def test_gpu_inplace_equals_two_buffer(monkeypatch, steps):
+    """Esoteric pull in one buffer gives the two-buffer fused step's bits, for
+    even and odd step counts, with walls, a moving lid and equilibrium cells."""
+    shape = (6, 8, 20)
+    config = _config(shape, "fp16s", dict(force=[1e-5, 0.0, 0.0]))
+    ref, fused = gpu_twin(monkeypatch, "D3Q19", shape, **config)
+    _, inplace = gpu_twin(monkeypatch, "D3Q19", shape, streaming="inplace", **config)
+    u0 = _flow(3)
+    b = fused.advance(fused.init(u=u0), steps)
+    c = inplace.advance(inplace.init(u=u0), steps)
+    np.testing.assert_array_equal(np.asarray(c.f), np.asarray(b.f))
+    a = ref.advance(ref.init(u=u0), steps)
+    _assert_close(ref, fused, a, b, steps)
+
+
+def test_gpu_step_split_along_x(monkeypatch):
+    """Two sub-domains along x exchange ghost planes as the XLA step does."""
+    if jax.device_count() < 2:
+        pytest.skip("needs two devices")
+    shape = (8, 6, 20)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    config = _config(shape, "fp16s", dict(force=[1e-5, 0.0, 0.0]))
+    ref = lbm_jax.Simulation("D3Q19", shape, kernel="xla", **config)
+    _, fused = gpu_twin(monkeypatch, "D3Q19", shape, devices=mesh, **config)
+    assert fused.devices == 2
+    a = ref.advance(ref.init(u=_flow(3)), 4)
+    b = fused.advance(fused.init(u=_flow(3)), 4)
+    _assert_close(ref, fused, a, b, 4)
+
+
+def test_gpu_step_coverage():
+    lat = get_lattice("D3Q19")
+    fp16s = get_storage("fp16s")
+    bgk = parse_collision("bgk", 0.8, 3 / 16)
+    assert _gpu.supported(lat, fp16s, bgk, (8, 8, 8), interpret=True)
+    assert not _gpu.supported(lat, fp16s, bgk, (8, 8, 8), split_yz=True, interpret=True)
+    smag = dataclasses.replace(bgk, smagorinsky=0.1)
+    assert not _gpu.supported(lat, fp16s, smag, (8, 8, 8), interpret=True)
+    with pytest.raises(ValueError, match="does not cover"):
+        _gpu.make_gpu_step_into(lat, fp16s, smag, (8, 8, 8), interpret=True)
+
+
+def test_gpu_kernel_refused_where_unavailable():
+    if _gpu.available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ValueError, match="kernel='gpu' is not available.*not a GPU"):
+        lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8, kernel="gpu")
+    assert lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8).kernel != "gpu"
+
+
+def test_gpu_step_rejects_wrong_populations():
+    lat = get_lattice("D2Q9")
+    step = _gpu.make_gpu_step_into(
+        lat,
+        get_storage("fp32"),
+        parse_collision("bgk", 0.8, 3 / 16),
+        (4, 8),
+        interpret=True,
+    )
+    f = jnp.zeros((4, 9, 9), jnp.float32)
+    with pytest.raises(ValueError, match=r"expected \(4, 9, 8\)"):
+        step(None, f, f)
