@@ -53,15 +53,15 @@ STREAM_KERNELS = ("copy", "triad", "scale")
 
 #: Passes of the ``scale`` kernel inside one compiled call (so the timing is the
 #: device's, not the dispatch of one short call).
-_SCALE_PASSES = 20
+SCALE_PASSES = 20
 
 
 @jax.jit(donate_argnums=0)
 def _scale(x: jax.Array) -> jax.Array:
-    """``x * (1 + 1e-7)``, :data:`_SCALE_PASSES` times over, in the donated buffer
+    """``x * (1 + 1e-7)``, :data:`SCALE_PASSES` times over, in the donated buffer
     (each pass reads and writes the whole array on the default device)."""
     factor = jnp.float32(1.0000001)
-    return jax.lax.fori_loop(0, _SCALE_PASSES, lambda _, v: v * factor, x)
+    return jax.lax.fori_loop(0, SCALE_PASSES, lambda _, v: v * factor, x)
 
 
 @jax.jit(donate_argnums=2)
@@ -82,7 +82,7 @@ def stream_bandwidths(
     ``copy`` is ``b[:] = a`` in NumPy (host memory, one thread; 2 arrays moved),
     ``triad`` is ``a + s * b`` compiled by JAX into a donated output buffer (XLA
     may use every core; 3 arrays moved), ``scale`` multiplies a donated array in
-    place on the default device, :data:`_SCALE_PASSES` passes in one compiled
+    place on the default device, :data:`SCALE_PASSES` passes in one compiled
     call (each pass reads and writes the array once: 2 arrays moved per pass;
     the figure an accelerator reaches, free of per-call dispatch). None
     allocates while timed, so page faults of fresh memory do not count against
@@ -132,7 +132,7 @@ def stream_bandwidths(
             return holder[0]
 
         seconds = _median_seconds(scale, repeats)
-        out["scale"] = 2 * _SCALE_PASSES * nbytes / seconds / 1e9
+        out["scale"] = 2 * SCALE_PASSES * nbytes / seconds / 1e9
     return out
 
 

@@ -31,7 +31,7 @@ def test_stream_bandwidths_count_bytes_read_and_written(monkeypatch):
     nbytes = 4 * 2**20
     assert bw["copy"] == pytest.approx(2 * nbytes / 1e9)
     assert bw["triad"] == pytest.approx(3 * nbytes / 1e9)
-    assert bw["scale"] == pytest.approx(2 * bench_module._SCALE_PASSES * nbytes / 1e9)
+    assert bw["scale"] == pytest.approx(2 * bench_module.SCALE_PASSES * nbytes / 1e9)
 
 
 @pytest.mark.parametrize(("storage", "bytes_per_cell"), [("fp32", 72), ("fp16s", 36)])
