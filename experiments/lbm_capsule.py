@@ -134,7 +134,7 @@ def bench_ibm(
     return {
         "shape": list(sim.shape),
         "nodes": ib.membrane.num_nodes,
-        "kernel": lbm_jax.ibm.kernel_support(ib.kernel),
+        "kernel": lbm_jax.ibm.kernel_support(ib.delta),
         "fluid_step_ms": 1e3 * float(np.median(fluid_s)),
         "coupled_step_ms": 1e3 * float(np.median(coupled_s)),
         "fluid_step_no_force_ms": 1e3 * float(np.median(plain_s)),

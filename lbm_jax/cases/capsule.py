@@ -279,7 +279,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     membrane = Membrane(
         mesh, law=opts["law"], shear_modulus=shear_modulus, skalak_c=opts["skalak_c"]
     )
-    ib = ImmersedBoundary(sim, membrane, kernel=opts["kernel"])
+    ib = ImmersedBoundary(sim, membrane, delta=opts["kernel"])
     return ib, ib.init(sim.init(1.0, u0))
 
 
