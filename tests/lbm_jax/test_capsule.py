@@ -169,7 +169,7 @@ def test_deformation_theory_for_each_law():
         ({"ca": 0.0}, "ca .* must be positive"),
         ({"ca": -1.0}, "ca .* must be positive"),
         ({"ca": 1e-4, "re": 1.0}, "nodes would move too far"),
-        ({"radius": 5.0, "n": 14}, "too small for a capsule"),
+        ({"radius": 5.0, "n": 13}, "too small for a capsule"),
         ({"width": 10}, "too small for a capsule"),
         ({"law": "mooney"}, "Unknown law"),
         ({"kernel": 5}, "kernel"),
