@@ -64,16 +64,17 @@ __all__ = [
 RELAXATION_S = 0.2484
 
 #: Default capsule radius (cells). The IBM's effective-radius error falls as
-#: about 1/r (measured on a CPU, Ca = 0.03, 4-point delta function: D 15.7 %
-#: above theory at r = 4, 12.2 % at r = 5; 2-point: 6.5 % at r = 5, so about
-#: 3 % expected at r = 12); the full-scale convergence study (``python -m
-#: experiments lbm_capsule --full``) checks r = 12 against the 5 % target. A
-#: 120^3 box: a GPU run; on a CPU give ``radius=5`` (a 50^3 box, minutes).
+#: about 1/r (measured on a CPU, Ca = 0.03: D 10.4 % above theory at r = 4 and
+#: 6.5 % at r = 5 with the 2-point delta function, 15.7 % and 12.2 % with the
+#: 4-point one, so about 3 % expected at r = 12 with 2 points and 5.2 % with
+#: 4); the full-scale convergence study (``python -m experiments lbm_capsule
+#: --full``) checks r = 12 against the 5 % target. A 120^3 box: a GPU run; on a
+#: CPU give ``radius=5`` (a 50^3 box, minutes).
 DEFAULT_RADIUS = 12.0
 
 #: Default width of the delta function (points). The 2-point kernel's narrower
-#: support halves the effective-radius error of the 4-point one (measured at
-#: r = 5: D 6.5 % and the rate 1.1 % off theory, against 12.2 % and 8.8 %).
+#: support about halves the effective-radius error of the 4-point one (measured
+#: at r = 5: D 6.5 % and the rate 1.1 % off theory, against 12.2 % and 8.8 %).
 DEFAULT_DELTA = 2
 
 #: Largest node speed (cells per step) the explicit coupling accepts.
