@@ -59,7 +59,7 @@ from experiments._report import (
     save_figure,
 )
 from experiments.lbm_accuracy import SIXTEEN_BIT, storage_label, sweep
-from lbm_jax.cases.capsule import DEFAULT_DELTA, DEFAULT_RADIUS
+from lbm_jax.cases.capsule import DEFAULT_RADIUS
 
 __all__ = ["RUNS", "Settings", "bench_ibm", "run", "settings_for"]
 
@@ -130,7 +130,6 @@ _SETTINGS = {
             cas=(0.01, 0.03, 0.05),
             target_radius=TARGET_RADIUS,
             target_error=0.05,
-            delta=DEFAULT_DELTA,
             compare_delta=4,  # the former default, for the table
         ),
     ),
