@@ -8,12 +8,14 @@ with Ladd's moving-wall term), periodic in x and y. D3Q19, the fluid starts from
 the linear shear profile (no spin-up); the capsule starts as a sphere at the
 centre of the box.
 
-Parameters: ``n`` is the channel height ``H`` in cells (default ``10 r``; the box
+Parameters: ``radius`` (default 12 cells: :data:`DEFAULT_RADIUS`), ``n`` the
+channel height ``H`` in cells (default ``10 r``; the box
 is ``width x width x H`` fluid cells, ``width`` default ``H``),
 ``re = gamma_dot r^2 / nu`` (default 0.02), ``tau`` (default 1), the capillary
 number ``ca = mu gamma_dot r / G_s`` (default 0.03) which sets the membrane's
 shear modulus ``G_s``, the law (``skalak`` with ``skalak_c``, or
-``neo-hookean``), the IBM kernel (2, 3 or 4 points) and the mesh (``nodes``).
+``neo-hookean``), the IBM kernel (2, 3 or 4 points) and the mesh (``nodes``,
+default by radius: :func:`mesh_nodes`).
 
 Small-deformation theory: ``D_inf = (5/4) (2 + 3C) / (1 + 2C) Ca`` (Skalak;
 ``25/12 Ca`` for C = 1 and for neo-Hookean), reached as
@@ -48,8 +50,11 @@ from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
 __all__ = [
+    "DEFAULT_DELTA",
+    "DEFAULT_RADIUS",
     "deformation_theory",
     "fit_relaxation",
+    "mesh_nodes",
     "prepare",
     "build",
     "relaxation_rate",
@@ -58,24 +63,50 @@ __all__ = [
 #: Relaxation rate of the linear theory, in units of ``G_s / (mu r)``, for C = 1.
 RELAXATION_S = 0.2484
 
+#: Default capsule radius (cells). The IBM's effective-radius error falls as
+#: about 1/r (measured on a CPU, Ca = 0.03: D 10.4 % above theory at r = 4 and
+#: 6.5 % at r = 5 with the 2-point delta function, 15.7 % and 12.2 % with the
+#: 4-point one, so about 3 % expected at r = 12 with 2 points and 5.2 % with
+#: 4); the full-scale convergence study (``python -m experiments lbm_capsule
+#: --full``) checks r = 12 against the 5 % target. A 120^3 box: a GPU run; on a
+#: CPU give ``radius=5`` (a 50^3 box, minutes).
+DEFAULT_RADIUS = 12.0
+
+#: Default width of the delta function (points). The 2-point kernel's narrower
+#: support about halves the effective-radius error of the 4-point one (measured
+#: at r = 5: D 6.5 % and the rate 1.1 % off theory, against 12.2 % and 8.8 %).
+DEFAULT_DELTA = 2
+
 #: Largest node speed (cells per step) the explicit coupling accepts.
 MAX_NODE_SPEED = 1.0 / 3.0
 
 _DEFAULTS: dict[str, Any] = {
     "collision": "bgk",
     "magic": 3.0 / 16.0,
-    "radius": 5.0,
+    "radius": DEFAULT_RADIUS,
     "ca": 0.03,
     "law": "skalak",
     "skalak_c": 1.0,
-    "kernel": 4,
-    "nodes": 642,
+    "kernel": DEFAULT_DELTA,
+    "nodes": None,
     "tau": 1.0,
     "width": None,
     "tol": 1e-3,
     "max_times": 12.0,
     "samples_per_time": 16,
 }
+
+
+def mesh_nodes(radius: float) -> int:
+    """Default icosphere nodes for ``radius``: mean edge 0.6-0.9 cells up to r = 12.
+
+    642 nodes up to r = 6 (edge 0.75 cells at r = 5), 2562 up to r = 12, 10242
+    above (an edge much longer than a cell lets fluid leak through the mesh).
+
+    >>> mesh_nodes(5.0), mesh_nodes(8.0), mesh_nodes(16.0)
+    (642, 2562, 10242)
+    """
+    return 642 if radius <= 6.0 else 2562 if radius <= 12.0 else 10242
 
 
 def deformation_theory(ca: float, law: str, skalak_c: float = 1.0) -> float:
@@ -162,6 +193,8 @@ def prepare(
     if not opts["skalak_c"] >= 0:
         raise ValueError(f"skalak_c must be non-negative, got {opts['skalak_c']}.")
     opts["kernel"] = points = kernel_support(opts["kernel"])
+    if opts["nodes"] is None:
+        opts["nodes"] = mesh_nodes(radius)
     opts["nodes"] = check_int(opts["nodes"], "nodes", 12)
     icosphere(radius, nodes=opts["nodes"])  # rejects a node count it cannot build
     tau = check_tau(opts["tau"], context="tau")
@@ -279,7 +312,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     membrane = Membrane(
         mesh, law=opts["law"], shear_modulus=shear_modulus, skalak_c=opts["skalak_c"]
     )
-    ib = ImmersedBoundary(sim, membrane, kernel=opts["kernel"])
+    ib = ImmersedBoundary(sim, membrane, delta=opts["kernel"])
     return ib, ib.init(sim.init(1.0, u0))
 
 

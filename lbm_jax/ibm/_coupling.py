@@ -22,6 +22,7 @@ pytree :class:`IBMState`, so it runs through :func:`lbm_jax.run` like any other
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -57,16 +58,24 @@ class ImmersedBoundary:
         sim: The fluid: a 3-D simulation whose per-step force the membrane sets
             (its construction force, if any, is replaced by the membrane's).
         membrane: The membrane's mechanics (reference shape and laws).
-        kernel: Delta kernel: ``2`` (linear), ``3`` (Roma) or ``4`` (Peskin), or
-            its name.
+        delta: The regularised delta function's width: ``2`` (linear), ``3``
+            (Roma) or ``4`` (Peskin) points, or its name.
+        kernel: Deprecated alias of ``delta`` (it warns; removed in the next
+            release).
 
     Raises:
-        ValueError: A lattice that is not 3-D or an unknown kernel.
+        ValueError: A lattice that is not 3-D, an unknown delta function, or
+            both ``delta`` and ``kernel``.
         TypeError: Arguments of the wrong type.
     """
 
     def __init__(
-        self, sim: Simulation, membrane: Membrane, *, kernel: int | str = 4
+        self,
+        sim: Simulation,
+        membrane: Membrane,
+        *,
+        delta: int | str | None = None,
+        kernel: int | str | None = None,
     ) -> None:
         if not isinstance(sim, Simulation):
             raise TypeError(f"sim must be an lbm_jax.Simulation, got {sim!r}.")
@@ -78,22 +87,45 @@ class ImmersedBoundary:
             raise ValueError(
                 f"an immersed membrane needs a 3-D lattice, got {sim.lattice.name}."
             )
+        if kernel is not None:
+            if delta is not None:
+                raise ValueError(
+                    "give the delta function's width once: delta= (kernel= is its "
+                    f"deprecated alias), got delta={delta!r} and kernel={kernel!r}."
+                )
+            warnings.warn(
+                "ImmersedBoundary(kernel=...) is deprecated; use delta=... (the "
+                "delta function's width, 2, 3 or 4 points).",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            delta = kernel
         self.sim = sim
         self.membrane = membrane
-        self.kernel = get_kernel(kernel)
+        self.delta = get_kernel(4 if delta is None else delta)
 
     # -- pytree protocol: the fluid's and the membrane's arrays are leaves ---------
     def tree_flatten(self) -> tuple[tuple[Simulation, Membrane], Any]:
-        """Children (simulation, membrane) and the static kernel."""
-        return (self.sim, self.membrane), self.kernel
+        """Children (simulation, membrane) and the static delta function."""
+        return (self.sim, self.membrane), self.delta
 
     @classmethod
-    def tree_unflatten(cls, kernel: Any, children: tuple) -> ImmersedBoundary:
+    def tree_unflatten(cls, delta: Any, children: tuple) -> ImmersedBoundary:
         """Rebuild from :meth:`tree_flatten`'s parts."""
         self = object.__new__(cls)
         self.sim, self.membrane = children
-        self.kernel = kernel
+        self.delta = delta
         return self
+
+    @property
+    def kernel(self) -> Any:
+        """Deprecated alias of :attr:`delta` (it warns)."""
+        warnings.warn(
+            "ImmersedBoundary.kernel is deprecated; use .delta.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.delta
 
     @property
     def dtype(self) -> np.dtype:
@@ -121,14 +153,14 @@ class ImmersedBoundary:
 
     def force_field(self, nodes: jax.Array) -> jax.Array:
         """The membrane's force density on the grid, ``(3, *sim.shape)``."""
-        return spread(self.membrane.forces(nodes), nodes, self.sim.shape, self.kernel)
+        return spread(self.membrane.forces(nodes), nodes, self.sim.shape, self.delta)
 
     def step(self, state: IBMState) -> IBMState:
         """One coupled step (pure, jit-able): forces, spread, fluid step, move."""
         force = self.force_field(state.nodes)
         fluid = self.sim.step(state.fluid, force)
         _, u = self.sim.fields(fluid, force)
-        velocity = interpolate(u, state.nodes, self.kernel)
+        velocity = interpolate(u, state.nodes, self.delta)
         return IBMState(fluid=fluid, nodes=state.nodes + velocity)
 
     def healthy(self, state: IBMState) -> jax.Array:

@@ -258,11 +258,18 @@ def capsule_study(notebook_run):
 
 def test_lbm_capsule_tiny_artefacts_checks_and_ordering(capsule_study):
     out = capsule_study.out_dir
-    for name in ("results.json", "REPORT.md", "deformation.png"):
+    for name in ("results.json", "REPORT.md", "deformation.png", "convergence.png"):
         assert (out / name).stat().st_size > 0, name
     failed = [k for k, ok in capsule_study.checks.items() if not ok]
     assert capsule_study.checks and failed == [], failed
+    assert (
+        "convergence skalak Ca=0.05 2-point: every radius ran stably"
+        in capsule_study.checks
+    )
     results = json.loads((out / "results.json").read_text())
+    conv = results["convergence"]
+    assert [r["radius"] for r in conv] == [3.0, 4.0]
+    assert all(r["stable"] and r["label"] == "FP32/FP32" for r in conv)
     (records,) = results["records"].values()
     by_label = {r["label"]: r for r in records}
     assert by_label["FP64/FP64"]["deviation_vs_fp64"] == 0.0
@@ -278,6 +285,54 @@ def test_lbm_capsule_checks_fail_when_a_run_is_missing():
     st = lbm_capsule.settings_for("tiny")
     checks = lbm_capsule.evaluate_checks({0.05: []}, st, None)
     assert checks and not any(checks.values())
+
+
+def _capsule_record(radius: float, error: float, rate: float) -> dict:
+    summary = {"deformation_error": error, "relaxation_rate_error": rate}
+    return {
+        "law": "skalak",
+        "ca": 0.03,
+        "kernel": 2,
+        "radius": radius,
+        "stable": True,
+        "summary": summary,
+    }
+
+
+def test_capsule_convergence_checks_fail_when_the_error_misses_or_rises():
+    from experiments._capsule_convergence import Convergence, convergence_checks
+
+    conv = Convergence(
+        radii=(4.0, 8.0),
+        cas=(0.03,),
+        laws=("skalak",),
+        target_radius=8.0,
+        target_error=0.05,
+    )
+    good = [_capsule_record(4.0, 0.12, 0.10), _capsule_record(8.0, 0.04, 0.03)]
+    checks = convergence_checks(good, conv)
+    assert len(checks) == 5 and all(checks.values()), checks
+    missed = convergence_checks([good[0], _capsule_record(8.0, 0.06, 0.03)], conv)
+    assert [k for k, ok in missed.items() if not ok] == [
+        "convergence skalak Ca=0.03 2-point: D error <= 5% at r = 8"
+    ]
+    rising = convergence_checks([good[0], _capsule_record(8.0, 0.04, 0.11)], conv)
+    failed = [k for k, ok in rising.items() if not ok]
+    assert failed == [
+        "convergence skalak Ca=0.03 2-point: rate error falls from r = 4 to r = 8",
+        "convergence skalak Ca=0.03 2-point: rate error <= 5% at r = 8",
+    ]
+    unstable = dict(good[1], stable=False, summary={})
+    assert not any(
+        v
+        for k, v in convergence_checks([good[0], unstable], conv).items()
+        if "falls" in k or "<=" in k or "stably" in k
+    )
+    assert not convergence_checks([good[0]], conv)[
+        "convergence skalak Ca=0.03 2-point: every radius ran stably"
+    ]
+    smoke = dataclasses.replace(conv, converged=False)
+    assert list(convergence_checks([good[0], unstable], smoke).values()) == [False]
 
 
 @pytest.fixture(scope="module")
