@@ -433,7 +433,7 @@ def make_gpu_step_into(
                 f"{plan.full} and {storage.storage_dtype}."
             )
         ops = _operands(aux, _x_halos(halos, lattice.d))
-        vma = tuple(getattr(jax.typeof(f), "vma", ()))
+        vma = _varying_axes(f)
         kernel = _pull_kernel(plan, tuple(ops), vma)
         return _call(plan, kernel, [f, *ops.values()], g)
 
@@ -461,6 +461,16 @@ def _call(
         name=f"lbm_{plan.lattice.name.lower()}_{plan.storage.short_name}",
         **params,
     )(*args)
+
+
+def _varying_axes(a: jax.Array) -> tuple[str, ...]:
+    """The mesh axes ``a`` varies over inside ``shard_map`` (empty outside)."""
+    aval = jax.typeof(a)
+    mat = getattr(aval, "mat", None)
+    axes = getattr(mat, "varying", None)
+    if axes is None:
+        axes = getattr(aval, "vma", None) or ()
+    return tuple(sorted(axes))
 
 
 def _like(out: jax.Array) -> jax.ShapeDtypeStruct:
