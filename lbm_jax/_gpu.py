@@ -52,6 +52,7 @@ import numpy as np
 from jax import lax
 
 from lbm_jax._collision import Collision, CollisionModel
+from lbm_jax._kernel import x_ghost_planes
 from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy
 
@@ -368,20 +369,6 @@ def _operands(aux: Any, halos: Any) -> dict[str, jax.Array]:
     return ops
 
 
-def _x_halos(halos: Any, d: int) -> tuple[jax.Array, jax.Array] | None:
-    """The x ghost planes of ``halos`` (the XLA step's convention), or ``None``."""
-    if halos is None:
-        return None
-    if isinstance(halos[0], jax.Array):
-        return halos
-    if len(halos) != d or any(h is not None for h in halos[1:]):
-        raise ValueError(
-            "the fused GPU step supports grids split along x only; got ghost layers "
-            "along y or z (use kernel='xla' for such a decomposition)."
-        )
-    return halos[0]
-
-
 def make_gpu_step_into(
     lattice: Lattice,
     storage: StoragePolicy,
@@ -432,7 +419,7 @@ def make_gpu_step_into(
                 f"populations have shape {f.shape} and dtype {f.dtype}, expected "
                 f"{plan.full} and {storage.storage_dtype}."
             )
-        ops = _operands(aux, _x_halos(halos, lattice.d))
+        ops = _operands(aux, x_ghost_planes(halos, lattice.d, "fused GPU step"))
         vma = _varying_axes(f)
         kernel = _pull_kernel(plan, tuple(ops), vma)
         return _call(plan, kernel, [f, *ops.values()], g)

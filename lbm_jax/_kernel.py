@@ -45,6 +45,7 @@ __all__ = [
     "make_step_into",
     "slab_tiling",
     "to_layout",
+    "x_ghost_planes",
 ]
 
 #: Ghost layers of a sub-domain, one entry per grid axis: ``None`` (periodic
@@ -305,6 +306,29 @@ def _shift(
             [layer, lax.slice_in_dim(piece, 0, n - 1, axis=axis)], axis
         )
     return jnp.concatenate([lax.slice_in_dim(piece, 1, n, axis=axis), layer], axis)
+
+
+def x_ghost_planes(halos: Any, d: int, step: str) -> tuple[jax.Array, jax.Array] | None:
+    """The x ghost planes of ``halos`` for a step that exchanges x planes only.
+
+    ``halos`` is ``None`` (periodic in x), a ``(low, high)`` pair of x planes, or
+    one entry per grid axis (see :func:`make_step_into`) of which only x may carry
+    ghosts.
+
+    Raises:
+        ValueError: Ghost layers along y or z (``step`` names the step that
+            cannot take them).
+    """
+    if halos is None:
+        return None
+    if isinstance(halos[0], jax.Array):
+        return halos
+    if len(halos) != d or any(h is not None for h in halos[1:]):
+        raise ValueError(
+            f"the {step} supports grids split along x only; got ghost layers "
+            "along y or z (use the XLA step for such a decomposition)."
+        )
+    return halos[0]
 
 
 def _slab(a: jax.Array, x0: jax.Array, b: int) -> jax.Array:

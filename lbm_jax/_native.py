@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._kernel import default_slab, make_step_into
+from lbm_jax._kernel import default_slab, make_step_into, x_ghost_planes
 from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy
 
@@ -417,7 +417,7 @@ def make_native_step_into(
                 f"populations have shape {f.shape} and dtype {f.dtype}, expected "
                 f"{full} and {dtype}."
             )
-        x_halos = _x_halos(halos, lattice.d)
+        x_halos = x_ghost_planes(halos, lattice.d, "native step")
         if x_halos is None:
             left = right = _empty(dtype, f)
             n = threads or cores
@@ -458,21 +458,3 @@ def _empty(dtype: Any, like: jax.Array) -> jax.Array:
     empty = jnp.zeros((0,), dtype)
     vma = tuple(getattr(jax.typeof(like), "vma", ()))
     return jax.lax.pcast(empty, vma, to="varying") if vma else empty
-
-
-def _x_halos(halos: Any, d: int) -> tuple[jax.Array, jax.Array] | None:
-    """The x ghost planes of ``halos`` (``None``: periodic in x).
-
-    ``halos`` is ``None``, a ``(low, high)`` pair of x planes, or one entry per
-    grid axis (``None`` or ``(low, high)``) of which only x may carry ghosts.
-    """
-    if halos is None:
-        return None
-    if isinstance(halos[0], jax.Array):
-        return halos
-    if len(halos) != d or any(h is not None for h in halos[1:]):
-        raise ValueError(
-            "the native step supports grids split along x only; got ghost layers "
-            "along y or z (use the XLA step for such a decomposition)."
-        )
-    return halos[0]
