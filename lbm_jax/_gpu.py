@@ -503,9 +503,10 @@ def _pull_kernel(
                 mask=mask & inside,
                 other=0,
             )
-            for name, at, hit in (("left", 0, x < 0), ("right", 0, x >= nx)):
+            plane = jnp.zeros_like(x)  # the ghost arrays hold one x-plane
+            for name, hit in (("left", x < 0), ("right", x >= nx)):
                 ghost = plgpu.load(
-                    refs[name].at[_index([at, *src[1:]], i)],
+                    refs[name].at[_index([plane, *src[1:]], i)],
                     mask=mask & hit,
                     other=0,
                 )
