@@ -42,7 +42,8 @@ path of ``summary.json``; warnings, such as a cylinder run too short for a
 Strouhal number, go to stderr. ``--checkpoint-every N`` saves the whole run to
 ``DIR/checkpoints`` every ``N`` steps (the arguments go to ``DIR/run.json``);
 ``--resume DIR`` continues a killed run from its newest readable checkpoint, bit
-for bit, and refuses other options or another code version (exit status 2).
+for bit, and refuses other options or another code version (exit status 2), and
+a finished run whose outputs are written (``--overwrite`` writes them again).
 
 ``bench`` measures MLUPs on a periodic box after compilation, with the memory
 bandwidth measured in the same process. ``--all`` covers every storage policy on

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._checkpoint import Checkpoint, check_same, code_version
+from lbm_jax._checkpoint import Checkpoint, ResumeError, check_same, code_version
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CASE_INFO, CLI_OPTIONS, CaseInfo, CaseSetup, CliOption
 
@@ -198,7 +198,8 @@ def run_case(
         resume: Continue the checkpointed run in ``out_dir`` from its newest
             readable checkpoint (or start it, if it has none); the arguments and
             the code version must be those it was started with. The result equals
-            an uninterrupted run's bit for bit.
+            an uninterrupted run's bit for bit. A finished run whose outputs are
+            written is refused unless ``overwrite`` (which writes them again).
         **case_options: Case-specific options, e.g. ``collision="bgk"``,
             ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
 
@@ -208,7 +209,8 @@ def run_case(
     Raises:
         ValueError: For invalid arguments (before anything is compiled).
         TypeError: For arguments of the wrong type.
-        lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints.
+        lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints, or
+            (with ``resume`` and without ``overwrite``) a finished run.
         lbm_jax.InstabilityError: If the run becomes unstable.
     """
     setup = prepare_case(
@@ -227,6 +229,8 @@ def run_case(
             Path(out_dir), case, arguments, setup, checkpoint_every, resume, overwrite
         )
         out_path = Path(out_dir)
+        if resume and not overwrite:
+            _refuse_finished(out_path, checkpoint, setup.steps)
     else:
         out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
     metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
@@ -278,6 +282,22 @@ def _checkpoint_policy(
         tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, record)
     return Checkpoint(out / "checkpoints", every, metadata=identity, resume=resume)
+
+
+def _refuse_finished(out: Path, checkpoint: Checkpoint, steps: int) -> None:
+    """Raise ``ResumeError`` if the run in ``out`` has finished and written its
+    outputs: resuming it would only write them again."""
+    record = checkpoint.newest_record()
+    summary = out / "summary.json"
+    if record is None or not summary.is_file():
+        return
+    if record.get("stopped") or record.get("done", 0) >= steps:
+        raise ResumeError(
+            f"{str(out)!r} holds a finished run (it ended at step "
+            f"{record.get('done')}); its outputs are left as they are "
+            f"({str(summary)!r}). Pass overwrite=True (--overwrite) to analyse it "
+            "and write them again."
+        )
 
 
 def _write(
