@@ -58,6 +58,7 @@ __all__ = [
     "CaseSetup",
     "CliOption",
     "case_defaults",
+    "make_out_dir",
     "prepare_case",
     "run_case",
 ]
@@ -146,7 +147,25 @@ def case_defaults(case: str) -> dict[str, Any]:
     return {name: common.get(name, setup.options.get(name)) for name in names}
 
 
+def make_out_dir(path: Path, flag: str = "out_dir") -> Path:
+    """Create ``path`` (with its parents) before a run, so that a path that
+    cannot hold the outputs is refused before the run instead of after it.
+
+    Raises:
+        ValueError: If the folder cannot be created, naming ``flag``.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"{flag} {str(path)!r} cannot be created ({err.strerror or err}); "
+            "choose a path in a directory you can write to."
+        ) from None
+    return path
+
+
 def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
+    """``out_dir`` checked to be usable and created (nothing is run yet)."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(
@@ -158,7 +177,7 @@ def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
             "directory or pass overwrite=True (--overwrite) to replace the files "
             "this case writes."
         )
-    return path
+    return make_out_dir(path)
 
 
 def run_case(
@@ -271,7 +290,7 @@ def _checkpoint_policy(
             )
         for old in (out / "checkpoints").glob("step_*.npz"):  # an overwritten run's
             old.unlink()
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         content = {
             "case": case,
             "arguments": _common.jsonable(arguments),

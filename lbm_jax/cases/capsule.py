@@ -223,6 +223,7 @@ def prepare(
         builder=build,
         figures=(),
         write_files=_write_files,
+        shape=(width, width, height + 2),
     )
 
 
@@ -237,8 +238,8 @@ def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
     from lbm_jax import CellType, Simulation
 
     opts = setup.options
-    w, h = opts["width"], setup.n
-    shape = (w, w, h + 2)
+    h = setup.n
+    shape = setup.shape
     cell_type = np.zeros(shape, np.int32)
     cell_type[..., 0] = cell_type[..., -1] = CellType.WALL
     z = np.arange(h + 2, dtype=np.float64) - 0.5  # wall planes at z = 0 and H

@@ -167,7 +167,15 @@ def prepare(
         runner=_run,
         builder=build,
         figures=("velocity", "vorticity"),
+        shape=_shape(case, n, opts),
     )
+
+
+def _shape(case: str, n: int, opts: dict[str, Any]) -> tuple[int, int]:
+    """The grid: the channel with its wall rows, or the wide periodic box."""
+    if case == "cylinder":
+        return round(22 * n) + 2, round(4.1 * n) + 2
+    return round(opts["length"] * n) + 2, round(opts["width"] * n)
 
 
 def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
@@ -176,15 +184,12 @@ def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
 
     n, u0, opts = setup.n, setup.u_ref, setup.options
     confined = setup.case == "cylinder"
+    shape = setup.shape
     if confined:
-        ny = round(4.1 * n)
-        nx = round(22 * n) + 2
-        shape = (nx, ny + 2)
+        ny = shape[1] - 2
         xc, yc = 2.0 * n, 2.0 * n
     else:
-        nx = round(opts["length"] * n) + 2
-        ny = round(opts["width"] * n)
-        shape = (nx, ny)
+        ny = shape[1]
         xc = opts["length_front"] * n
         yc = ny / 2 + opts["offset"] * n
     # Cell centres: the inlet boundary (x = 0) lies between columns 0 and 1; in the

@@ -229,6 +229,7 @@ def _static_drop(
         steps_given=steps_given,
         runner=_run_static_drop,
         write_files=_write_static_drop,
+        shape=(n,) * dims,
     )
 
 
@@ -266,7 +267,7 @@ def _capillary_wave(
         raise ValueError(
             f"steps={steps} gives {steps // every + 1} samples of the wave (one every "
             f"{every} steps); the frequency fit needs at least 8: give steps >= "
-            f"{7 * every} or raise samples (per period)."
+            f"{7 * every}, or leave steps unset for the default length."
         )
     return _setup(
         case,
@@ -279,6 +280,7 @@ def _capillary_wave(
         steps_given=steps_given,
         runner=_run_capillary_wave,
         write_files=_write_capillary_wave,
+        shape=(n, opts["height"] + 2),
     )
 
 
@@ -354,6 +356,7 @@ def _impact(
         runner=_run_impact,
         figures=(),
         write_files=_write_impact,
+        shape=opts["shape"],
     )
 
 
@@ -384,14 +387,13 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     rho: Any = 1.0
     u = None
     gravity = None
+    shape = setup.shape
     if setup.case == "static_drop":
-        shape = (setup.n,) * d
         cell_type = None
         r = opts["radius"]
         phi = sphere_fill(shape, [setup.n / 2.0] * d, r)
         rho = 1.0 + 3.0 * (d - 1) * opts["sigma"] / r
     elif setup.case == "capillary_wave":
-        shape = (setup.n, opts["height"] + 2)
         cell_type = _walls(shape)
         k = 2 * math.pi / setup.n
         sub = (np.arange(16) + 0.5) / 16 - 0.5
@@ -400,7 +402,6 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         z = np.arange(shape[1], dtype=np.float64)
         phi = np.clip(surface[:, :, None] - (z - 0.5), 0.0, 1.0).mean(axis=1)
     else:
-        shape = opts["shape"]
         cell_type = _walls(shape)
         phi, rho, u = _impact_initial(setup, shape)
         gravity = (0.0,) * (d - 1) + (-opts["gravity"],)
