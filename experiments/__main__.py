@@ -148,6 +148,18 @@ def main(
         _framework.resolve_scale(args.quick)
     except ValueError as err:
         parser.error(str(err))
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(
+            f"--out {str(args.out)!r} is a file, not a directory; give a directory "
+            "for the results (it is created if missing)."
+        )
+    try:  # before the first pipeline runs, not after it
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(
+            f"--out {str(args.out)!r} cannot be created ({err.strerror or err}); "
+            "choose a directory you can write to."
+        )
 
     def report(outcome: PipelineOutcome) -> None:
         _print_outcome(outcome, write)

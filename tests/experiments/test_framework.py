@@ -182,6 +182,19 @@ def test_main_usage_errors_exit_2(argv, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("target", ["reproduce", "good"])
+def test_main_refuses_an_out_that_is_a_file_before_running(target, tmp_path, capsys):
+    blocker = tmp_path / "existing_file"
+    blocker.write_text("keep")
+    for out, message in ((blocker, "is a file"), (blocker / "sub", "cannot be created")):
+        with pytest.raises(SystemExit) as info:
+            main([target, "--out", str(out)], pipelines=REGISTRY)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "usage: python -m experiments" in err
+    assert blocker.read_text() == "keep"
+
+
 def test_main_list(capsys):
     assert main(["list"]) == 0
     assert capsys.readouterr().out.split() == list(_framework.PIPELINES)
