@@ -333,7 +333,8 @@ def stored_bytes_per_cell(lattice: str, storage: str) -> float:
 
     d = lbm_jax.get_lattice(lattice).d
     with jax.enable_x64(lbm_jax.get_storage(storage).needs_x64):
-        state = lbm_jax.Simulation(lattice, (4,) * d, storage=storage).init()
+        sim = lbm_jax.Simulation(lattice, (4,) * d, tau=1.0, storage=storage)
+        state = sim.init()
         return state.f.nbytes / state.num_cells
 
 
