@@ -57,10 +57,13 @@ __all__ = ["MIN_PERIODS", "periodic_tail", "prepare", "shedding_frequency"]
 #: Strouhal number; fewer add a warning to the summary.
 MIN_PERIODS = 2
 
-#: A cycle belongs to the periodic end of a signal when its period and its
-#: peak-to-peak amplitude are within these fractions of the last cycle's.
+#: A cycle belongs to the periodic end of a signal when its period is within
+#: ``PERIOD_TOLERANCE`` of the last cycle's and its peak-to-peak amplitude within
+#: ``AMPLITUDE_TOLERANCE`` (below, above) of it: a wake still saturating (earlier
+#: cycles smaller; its frequency settles first) counts, dying waves (earlier
+#: cycles larger) do not.
 PERIOD_TOLERANCE = 0.05
-AMPLITUDE_TOLERANCE = 0.10
+AMPLITUDE_TOLERANCE = (0.25, 0.05)
 
 #: Samples a period needs for its crossings and amplitude to be resolved.
 MIN_SAMPLES_PER_PERIOD = 8
@@ -127,8 +130,8 @@ def periodic_tail(signal: np.ndarray, dt: float) -> tuple[float, int, int]:
     >>> t = np.arange(4000) * 0.01
     >>> grow = np.minimum(1.0, t / 20.0)  # a transient: the amplitude grows
     >>> f, periods, start = periodic_tail(grow * np.sin(2 * np.pi * 0.5 * t), 0.01)
-    >>> round(f, 4), periods, 1800 <= start <= 2000  # from t = 18-20 on
-    (0.5, 10, True)
+    >>> round(f, 4), periods, start  # from t = 14 on: 3/4 of the final amplitude
+    (0.5, 12, 1400)
 
     Args:
         signal: Uniformly sampled values.
@@ -151,8 +154,10 @@ def periodic_tail(signal: np.ndarray, dt: float) -> tuple[float, int, int]:
     )
     if periods[-1] < MIN_SAMPLES_PER_PERIOD:
         return math.nan, 0, len(s)
+    below, above = AMPLITUDE_TOLERANCE
+    ratio = amplitudes / amplitudes[-1]
     same = (np.abs(periods / periods[-1] - 1.0) <= PERIOD_TOLERANCE) & (
-        np.abs(amplitudes / amplitudes[-1] - 1.0) <= AMPLITUDE_TOLERANCE
+        (ratio >= 1.0 - below) & (ratio <= 1.0 + above)
     )
     first = len(same)
     while first > 0 and same[first - 1]:

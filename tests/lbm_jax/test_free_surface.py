@@ -317,6 +317,17 @@ def test_drop_impact_3d_crown_grows_as_a_square_root(impact3d):
     assert not np.any(fluid & _near(lbm_jax.get_lattice("D3Q19"), gas))
 
 
+def test_a_short_impact_leaves_the_crown_exponent_unset_and_says_why():
+    # 80 steps: contact at step 20, t U / D = 0.1 at step 60: two samples to fit
+    s = run_case("drop_impact", dims=2, steps=80).summary
+    assert s["crown_exponent"] is None and s["crown_prefactor"] is None
+    (warning,) = s["warnings"]
+    assert "too short for the crown exponent" in warning
+    assert "needs 5 spanning a factor 2 in time" in warning
+    needed = int(warning.split("Give steps=")[1].split()[0])
+    assert 100 <= needed <= prepare_case("drop_impact", dims=2).steps
+
+
 def test_drop_impact_sees_no_crown_on_the_undisturbed_pool(impact2d):
     # the first sample is taken at contact: outside the drop's radius the pool
     # is still flat, at the level the case sets (wall plane at z = 1/2, pool
@@ -502,22 +513,58 @@ def _shear_populations(lat, eps: float, force: bool):
     return f, (g if force else None)
 
 
-@pytest.mark.parametrize("force", [False, True], ids=["unforced", "forced"])
+def _smagorinsky_reference(lat, f, kind, tau, magic, c_smag):
+    """An independent float64 evaluation of one unforced, unshifted collision
+    with the Smagorinsky model of Hou et al. (1996): every cell relaxes with
+    tau_eff = (tau + sqrt(tau^2 + 18 sqrt(2) C^2 |Pi_neq| / rho)) / 2."""
+    f = np.asarray(f, np.float64)
+    c = np.asarray(lat.c, np.float64)
+    w = np.asarray(lat.w, np.float64)[:, None, None]
+    rho = f.sum(axis=0)
+    u = np.einsum("qa,qxy->axy", c, f) / rho
+    cu = np.einsum("qa,axy->qxy", c, u)
+    feq = w * rho * (1 + 3 * cu + 4.5 * cu**2 - 1.5 * (u**2).sum(axis=0))
+    neq = f - feq
+    pi = np.einsum("qa,qb,qxy->abxy", c, c, neq)
+    norm = np.sqrt((pi**2).sum(axis=(0, 1)))
+    tau_eff = 0.5 * (tau + np.sqrt(tau**2 + 18 * math.sqrt(2) * c_smag**2 * norm / rho))
+    if kind == "bgk":
+        return f - neq / tau_eff, tau_eff
+    opp = [int(np.flatnonzero((c == -ci).all(axis=1))[0]) for ci in c]
+    tau_minus = magic / (tau_eff - 0.5) + 0.5
+    sym, anti = 0.5 * (neq + neq[opp]), 0.5 * (neq - neq[opp])
+    return f - sym / tau_eff - anti / tau_minus, tau_eff
+
+
 @pytest.mark.parametrize("kind", ["bgk", "trt"])
-def test_smagorinsky_zero_is_the_plain_collision(kind, force):
+def test_smagorinsky_collision_relaxes_with_its_eddy_viscosity(kind):
     lat = lbm_jax.get_lattice("D2Q9")
-    f, g = _shear_populations(lat, 1e-3, force)
-    plain = parse_collision(kind, 0.8, 3 / 16)  # as Simulation builds it
-    zero = CollisionModel(Collision(kind), 0.8, 3 / 16, smagorinsky=0.0)
-    a = collide(lat, plain, f, shift=True, force=g)
-    b = collide(lat, zero, f, shift=True, force=g)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    if kind == "bgk" and not force:  # BGK: f - (f - feq) / tau, bit for bit
-        rho, j = moments(lat, f, shift=True)
-        feq = equilibrium(lat, rho, [ja * (1 / rho) for ja in j], shift=True)
-        expect = f - np.float32(1 / 0.8) * (f - feq)
-        np.testing.assert_array_equal(np.asarray(a[0]), np.asarray(expect))
+    f, _ = _shear_populations(lat, 1e-2, False)
+    rho, j = moments(lat, f, shift=True)
+    u = [ja * (1 / rho) for ja in j]
+    f = equilibrium(lat, rho, u, shift=False) + (
+        f - equilibrium(lat, rho, u, shift=True)
+    )
+    smag = CollisionModel(Collision(kind), 0.8, 3 / 16, smagorinsky=1.0)
+    out = np.asarray(collide(lat, smag, f, shift=False)[0], np.float64)
+    expect, tau_eff = _smagorinsky_reference(lat, f, kind, 0.8, 3 / 16, 1.0)
+    assert tau_eff.min() > 0.8 + 5e-3  # the model raises tau in every cell
+    np.testing.assert_allclose(out, expect, rtol=0, atol=2e-7)
+    plain = np.asarray(
+        collide(lat, parse_collision(kind, 0.8, 3 / 16), f, shift=False)[0]
+    )
+    assert np.abs(plain - expect).max() > 5e-6  # the plain collision differs
+
+
+def test_smagorinsky_zero_is_the_bgk_formula():
+    lat = lbm_jax.get_lattice("D2Q9")
+    f, _ = _shear_populations(lat, 1e-3, False)
+    zero = CollisionModel(Collision.BGK, 0.8, 3 / 16, smagorinsky=0.0)
+    out = collide(lat, zero, f, shift=True)[0]
+    rho, j = moments(lat, f, shift=True)
+    feq = equilibrium(lat, rho, [ja * (1 / rho) for ja in j], shift=True)
+    expect = f - np.float32(1 / 0.8) * (f - feq)  # f - (f - feq) / tau, bit for bit
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expect))
 
 
 @pytest.mark.parametrize("kind", ["bgk", "trt"])
