@@ -160,7 +160,8 @@ def _case_table() -> str:
     for case, info in CASE_INFO.items():
         defaults = case_defaults(case)
         n, steps = defaults.pop("n"), defaults.pop("steps")
-        lines.append(f"  {case:<21} --n {n} = {info.n}")
+        note = f" [{info.n_note}]" if info.n_note else ""
+        lines.append(f"  {case:<21} --n {n} = {info.n}{note}")
         text = ", ".join(
             [f"{_flag(name)} {_value(value)}" for name, value in defaults.items()]
             + [f"--steps {steps}" + (" at most (until steady)" if info.steady else "")]

@@ -42,7 +42,9 @@ class CaseInfo:
 
     Attributes:
         module: The module holding the case's ``prepare``.
-        n: What the resolution ``n`` counts (the default is the case's own).
+        n: What the resolution ``n`` counts, true of every run of the case.
+        n_note: A remark on ``n`` for ``--help`` only (e.g. the default on a
+            3-D lattice), not printed with a run's summary.
         results: The summary's key figures, shown first by ``python -m lbm_jax run``
             (with every ``*_error``, ``*_deviation`` and ``*_drift`` figure).
         re: Whether the case takes a Reynolds number (the free-surface cases
@@ -56,6 +58,7 @@ class CaseInfo:
     results: tuple[str, ...]
     re: bool = True
     steady: bool = False
+    n_note: str = ""
 
 
 _FREE_SURFACE = "lbm_jax.cases.free_surface"
@@ -79,9 +82,10 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "cavity": CaseInfo(
         "lbm_jax.cases.cavity",
-        "cavity side (cells; 32 by default on a 3-D lattice)",
+        "cavity side (cells)",
         _CAVITY_RESULTS,
         steady=True,
+        n_note="32 by default on a 3-D lattice",
     ),
     "cavity3d": CaseInfo(
         "lbm_jax.cases.cavity", "cube side (cells)", _CAVITY_RESULTS, steady=True
@@ -94,15 +98,17 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "capsule": CaseInfo(
         "lbm_jax.cases.capsule",
-        "channel height H (cells; 10 radius by default)",
+        "channel height H (cells)",
         ("taylor_deformation", "deformation_theory", "inclination_deg"),
         steady=True,
+        n_note="10 radius by default",
     ),
     "static_drop": CaseInfo(
         _FREE_SURFACE,
-        "box side (cells; 64 by default in 3-D)",
+        "box side (cells)",
         ("laplace_pressure", "laplace_theory", "spurious_velocity"),
         re=False,
+        n_note="64 by default in 3-D",
     ),
     "capillary_wave": CaseInfo(
         _FREE_SURFACE,
@@ -115,9 +121,10 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "raindrop": CaseInfo(
         _FREE_SURFACE,
-        "drop diameter D (cells; the paper's is 84)",
+        "drop diameter D (cells)",
         (*_IMPACT_RESULTS, "time_ms", "tau_raised"),
         re=False,
+        n_note="the paper's is 84",
     ),
 }
 
