@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from experiments._lbm_figures import distinct_colours, metric
+from experiments._lbm_figures import LABEL_KEY, distinct_colours, metric
 from experiments._report import new_figure
 from experiments.lbm_accuracy import storage_label
 from lbm_jax.cases.free_surface import RAINDROP
@@ -62,6 +62,8 @@ def _legend_below(fig: Figure, axes: Iterable[Any], ncol: int = 4) -> None:
             loc="outside lower center",
             ncol=min(ncol, len(entries)),
             fontsize="small",
+            title=LABEL_KEY,
+            title_fontsize="x-small",
         )
 
 
