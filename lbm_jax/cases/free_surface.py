@@ -706,7 +706,10 @@ def _write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
     files = [
         _plot.save_figure(
             _plot.fill_slices_figure(
-                extras["slices"], extras["t_impact"], title=f"mid-plane fill: {title}"
+                extras["slices"],
+                extras["t_impact"],
+                title=f"mid-plane fill: {title}",
+                dims=summary["dims"],
             ),
             out / "slices.png",
         ),

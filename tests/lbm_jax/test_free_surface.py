@@ -770,3 +770,35 @@ def test_free_surface_case_resumes_bit_for_bit(drops2d, tmp_path):
         assert set(x.files) == set(y.files) >= {"phi", "flags", "mass", "t"}
         for key in x.files:
             np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def _covered_by_legend(fig, ax) -> bool:
+    """Whether a legend drawn inside ``ax`` overlaps any of its lines' points."""
+    fig.canvas.draw()
+    legend = ax.get_legend()
+    if legend is None:
+        return False
+    box = legend.get_window_extent()
+    for line in ax.lines:
+        points = ax.transData.transform(line.get_xydata())
+        if np.any(box.contains_points(points)):
+            return True
+    return False
+
+
+def test_free_surface_and_capsule_figures_keep_legends_off_the_data():
+    from lbm_jax import _plot
+
+    x = np.arange(64)
+    top = 2.0 + np.where(np.abs(x - 50) < 8, 0.8, 0.0)  # a crown on the right
+    fig = _plot.surface_figure(top)
+    assert not _covered_by_legend(fig, fig.axes[0])
+    t = np.arange(0, 4000, 50.0)
+    fig = _plot.deformation_figure(t, 0.07 * (1 - np.exp(-t / 600)), 0.0625, 1 / 900)
+    assert not _covered_by_legend(fig, fig.axes[0]) and fig.legends
+    # a 2-D slice's vertical axis is its y axis, a 3-D mid-plane's z
+    slices = np.zeros((3, 16, 8))
+    fig = _plot.fill_slices_figure(slices, np.arange(3.0), dims=2)
+    assert fig.axes[0].get_ylabel().startswith("y (cells")
+    fig = _plot.fill_slices_figure(slices, np.arange(3.0), dims=3)
+    assert fig.axes[0].get_ylabel().startswith("z (cells")
