@@ -71,18 +71,31 @@ def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
     return parser
 
 
-def _print_outcome(outcome: PipelineOutcome, write: Callable[[str], None]) -> None:
+def _print_outcome(
+    outcome: PipelineOutcome, write: Callable[[str], None], quick: bool = True
+) -> None:
     write(f"\n## {outcome.name}  ({outcome.wall_s:.1f} s)\n")
     if outcome.error is not None:
         write(outcome.error)
         write(f"{outcome.name}: ERROR (previous results, if any, left in place)\n")
         return
     write(outcome.table.rstrip() + "\n")
-    failed = [k for k, v in outcome.checks.items() if not v]
+    failed = [
+        k for k, v in outcome.checks.items() if not v and k not in outcome.unresolved
+    ]
     if not outcome.checks:
         status = f"FAILED: {_framework.NO_CHECKS}"
     else:
         status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
+    for check, spread in outcome.unresolved.items():
+        write(f"{outcome.name}: {check}: {_framework.UNRESOLVED}, {spread}\n")
+    if outcome.unresolved and not failed:
+        status = "all other checks passed"
+    if quick and outcome.over_budget is not None:
+        write(
+            f"{outcome.name}: over budget, {outcome.wall_s:.0f} s against its quick "
+            f"budget of {outcome.over_budget:.0f} s\n"
+        )
     write(f"{outcome.name}: {status}; results in {outcome.out_dir}\n")
 
 
@@ -91,8 +104,7 @@ def _print_wall_times(
 ) -> None:
     write("\n| pipeline | status | wall time (s) |\n|---|---|---:|\n")
     for o in outcomes:
-        status = "error" if o.error else ("pass" if o.passed else "FAIL")
-        write(f"| {o.name} | {status} | {o.wall_s:.1f} |\n")
+        write(f"| {o.name} | {o.status} | {o.wall_s:.1f} |\n")
     write(f"| total | | {sum(o.wall_s for o in outcomes):.1f} |\n")
 
 
@@ -148,9 +160,21 @@ def main(
         _framework.resolve_scale(args.quick)
     except ValueError as err:
         parser.error(str(err))
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(
+            f"--out {str(args.out)!r} is a file, not a directory; give a directory "
+            "for the results (it is created if missing)."
+        )
+    try:  # before the first pipeline runs, not after it
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(
+            f"--out {str(args.out)!r} cannot be created ({err.strerror or err}); "
+            "choose a directory you can write to."
+        )
 
     def report(outcome: PipelineOutcome) -> None:
-        _print_outcome(outcome, write)
+        _print_outcome(outcome, write, args.quick)
         sys.stdout.flush()
 
     outcomes = _framework.run_pipelines(

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from experiments._lbm_figures import distinct_colours, metric
+from experiments._lbm_figures import LABEL_KEY, distinct_colours, metric
 from experiments._report import new_figure
 from experiments.lbm_accuracy import storage_label
+from lbm_jax._plot import vertical_label
 from lbm_jax.cases.free_surface import RAINDROP
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ def _legend_below(fig: Figure, axes: Iterable[Any], ncol: int = 4) -> None:
             loc="outside lower center",
             ncol=min(ncol, len(entries)),
             fontsize="small",
+            title=LABEL_KEY,
+            title_fontsize="x-small",
         )
 
 
@@ -181,7 +184,8 @@ def build_raindrop_slices_figure(records: Records, *, reference: str) -> Figure:
                 vmax=1 if top else vmax,
             )
             ax.set_title(title, fontsize="small")
-            ax.set(xlabel="x (cells)", ylabel="z (cells)")
+            dims = r.get("summary", {}).get("dims", 3)
+            ax.set(xlabel="x (cells)", ylabel=vertical_label(dims))
             name = "fill level phi (-)" if top else "phi - phi(FP32) (-)"
             fig.colorbar(im, ax=ax, label=name, shrink=0.8)
     fig.suptitle("Raindrop: final mid-plane fill level per format, and its difference")

@@ -51,6 +51,12 @@ _REFERENCE_NAME = {
 }
 
 
+#: What the suffixes of the storage labels mean (``storage_label``), the title of
+#: every legend that shows them: 16-bit storage with (S) or without (-)
+#: DDF-shifting; 32- and 64-bit storage carry no suffix.
+LABEL_KEY = "label suffix S: DDF-shifted, -: unshifted (16-bit storage)"
+
+
 def metric(record: dict[str, Any], key: str) -> float:
     """A record's value of ``key``: a summary metric or a comparison error.
 
@@ -145,6 +151,8 @@ def build_error_figure(
         loc="outside upper center",
         ncol=3,
         fontsize="small",
+        title=LABEL_KEY,
+        title_fontsize="x-small",
     )
     return fig
 
@@ -170,7 +178,7 @@ def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
     ax.set_ylabel("relative L2 error vs analytic profile")
     ax.set_title("Poiseuille flow: error versus channel width")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", title=LABEL_KEY, title_fontsize="x-small")
     return save_figure(fig, out / "poiseuille_width.png")
 
 
@@ -194,7 +202,7 @@ def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
         ax_v.set(xlabel="x", ylabel="v / U_lid at y = 1/2", title=f"Re = {re}")
         for ax in (ax_u, ax_v):
             ax.grid(alpha=0.3)
-        ax_v.legend(fontsize="x-small")
+        ax_v.legend(fontsize="x-small", title=LABEL_KEY, title_fontsize="x-small")
     return save_figure(fig, out / "cavity_centrelines.png")
 
 
@@ -246,6 +254,8 @@ def build_cylinder_figure(
         loc="outside lower center",
         ncol=4,
         fontsize="x-small",
+        title=LABEL_KEY,
+        title_fontsize="x-small",
     )
     return fig
 
@@ -337,9 +347,8 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
         style = "-" if r["shift"] else "--"
         c = colour[r["storage"]]
         ax_amp.plot(t, amp, style, color=c, lw=1, label=r["label"])
-        ax_dev.semilogy(
-            t[1:], np.abs(amp[1:] / exact[1:] - 1.0) + 1e-16, style, color=c, lw=1
-        )
+        dev = np.abs(amp[1:] / exact[1:] - 1.0)
+        ax_dev.semilogy(t[1:], np.where(dev > 0, dev, np.nan), style, color=c, lw=1)
         if not exact_drawn:
             ax_amp.plot(t, exact, "k:", lw=2, label="exact exp(-2 nu k^2 t)")
             exact_drawn = True
@@ -350,9 +359,23 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
     )
     ax_dev.set(
         xlabel="time step",
-        ylabel="|amplitude / exact - 1| (+1e-16)",
+        ylabel="|amplitude / exact - 1| (-)",
         title="Deviation from the exact decay",
     )
+    n = next((r["summary"].get("n") for r in records if "n" in r["summary"]), None)
+    if n:  # the offset every format shares, FP64 included: explained in place
+        k = 2 * math.pi / n
+        ax_dev.text(
+            0.02,
+            0.02,
+            f"The offset reached in the first steps is the same for\nevery format: "
+            f"about k^2/6 = {k * k / 6:.2%} at n = {n}, falling as\n1/n^2 (a "
+            "discretisation effect of the start from\nthe continuum solution), not "
+            "rounding; the decay\nrate itself matches.",
+            transform=ax_dev.transAxes,
+            fontsize="xx-small",
+            va="bottom",
+        )
     for ax in (ax_amp, ax_dev):
         ax.grid(alpha=0.3, which="both")
     fig.legend(
@@ -360,7 +383,7 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
         loc="outside lower center",
         ncol=4,
         fontsize="x-small",
-        title="solid: DDF-shifted, dashed: unshifted",
+        title=f"solid: DDF-shifted, dashed: unshifted; {LABEL_KEY}",
         title_fontsize="x-small",
     )
     return fig

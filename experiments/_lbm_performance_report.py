@@ -79,12 +79,17 @@ def write_report(
     targets: str,
     scaling: str = "",
     memory: str = "",
+    *,
+    unresolved: dict[str, str] | None = None,
+    devices: list[int] | None = None,
 ) -> None:
+    counts = "/".join(map(str, devices or [env["device_count"]]))
     lines = [
         "# LBM performance",
         "",
-        f"Scale **{scale}** on {env['backend']} ({env['device_kind']}, "
-        f"{env['device_count']} device(s)); git `{env['git_commit']}`.",
+        f"Scale **{scale}** on {env['backend']} ({env['device_kind']}); the timed "
+        f"runs used {counts} device(s) each (the devices column); git "
+        f"`{env['git_commit']}`.",
         "",
         "Each grid was measured by `python -m lbm_jax bench` in its own process "
         "(one host device per core), timing a flow (Taylor-Green vortices, "
@@ -158,5 +163,5 @@ def write_report(
             "Meaningful only when this run used an H200-class GPU with `--full`.",
             "",
         ]
-    lines += checks_section(checks)
+    lines += checks_section(checks, unresolved)
     (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")

@@ -22,6 +22,7 @@ from typing import Any
 
 import lbm_jax
 from experiments._report import markdown_table, progress
+from experiments._stats import spread_verdict
 
 __all__ = [
     "Scaling",
@@ -33,6 +34,7 @@ __all__ = [
     "scaling_command",
     "scaling_env",
     "scaling_table",
+    "scaling_unresolved",
 ]
 
 
@@ -181,11 +183,40 @@ def scaling_checks(rows: list[dict[str, Any]], scaling: Scaling) -> dict[str, bo
         ),
     }
     if scaling.min_speedup is not None:
-        top = max(scaling.devices)
-        row = have.get(("strong", top), {})
-        name = f"scaling: strong speedup on {top} devices >= {scaling.min_speedup:g}"
-        checks[name] = row.get("speedup", 0.0) >= scaling.min_speedup
+        name, met, _ = _judge_speedup(rows, scaling)
+        checks[name] = met
     return checks
+
+
+def _judge_speedup(
+    rows: list[dict[str, Any]], scaling: Scaling
+) -> tuple[str, bool, str | None]:
+    """``(check name, met, unresolved spread)`` of the strong-scaling speedup.
+
+    Its spread is every ratio of a round of the largest count to a round of one
+    device (two processes, so their rounds are not paired).
+    """
+    top = max(scaling.devices)
+    name = f"scaling: strong speedup on {top} devices >= {scaling.min_speedup:g}"
+    have = {(r["kind"], r["devices"]): r for r in rows}
+    row, one = have.get(("strong", top)), have.get(("strong", 1))
+    if row is None or one is None:
+        return name, False, None
+    ratios = [
+        a / b
+        for a in row.get("rounds") or [row["mlups"]]
+        for b in one.get("rounds") or [one["mlups"]]
+    ]
+    met, spread = spread_verdict(ratios, scaling.min_speedup)
+    return name, met, spread
+
+
+def scaling_unresolved(rows: list[dict[str, Any]], scaling: Scaling) -> dict[str, str]:
+    """The scaling checks the machine's load left unresolved: name -> spread."""
+    if scaling.min_speedup is None:
+        return {}
+    name, _, spread = _judge_speedup(rows, scaling)
+    return {name: spread} if spread else {}
 
 
 def scaling_table(rows: list[dict[str, Any]]) -> str:

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from experiments._framework import UNRESOLVED
+
 __all__ = ["fmt", "markdown_table", "new_figure", "progress", "save_figure"]
 
 T = TypeVar("T")
@@ -69,14 +71,28 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-def checks_section(checks: Mapping[str, bool]) -> list[str]:
-    """Markdown lines of a report's "Checks" section, one line per check.
+def checks_section(
+    checks: Mapping[str, bool], unresolved: Mapping[str, str] | None = None
+) -> list[str]:
+    """Markdown lines of a report's "Checks" section, one line per check; a failed
+    check in ``unresolved`` (name -> measured spread) is shown as unresolved.
 
     >>> checks_section({"finite": True})
     ['## Checks', '', '- finite: pass']
+    >>> checks_section({"fast": False}, {"fast": "spread 0.9-1.1"})[-1]
+    '- fast: unresolved (machine load), spread 0.9-1.1'
     """
+    unresolved = unresolved or {}
+
+    def status(name: str, ok: bool) -> str:
+        if ok:
+            return "pass"
+        if name in unresolved:
+            return f"{UNRESOLVED}, {unresolved[name]}"
+        return "FAIL"
+
     return ["## Checks", ""] + [
-        f"- {name}: {'pass' if ok else 'FAIL'}" for name, ok in checks.items()
+        f"- {name}: {status(name, ok)}" for name, ok in checks.items()
     ]
 
 

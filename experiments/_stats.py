@@ -9,9 +9,10 @@ unresolved by the measurement.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
-__all__ = ["LEVEL", "median_interval", "verdict"]
+__all__ = ["LEVEL", "median_interval", "spread_verdict", "verdict"]
 
 #: Confidence level of the intervals of median ratios.
 LEVEL = 0.95
@@ -75,3 +76,41 @@ def verdict(low: float, high: float, limit: float, *, at_most: bool) -> str:
     else:
         met, missed = low >= limit, high < limit
     return "met" if met else "missed" if missed else "unresolved"
+
+
+def spread_verdict(
+    values: Sequence[float], low: float, high: float = math.inf
+) -> tuple[bool, str | None]:
+    """Judge a timing figure measured a few times against ``[low, high]``.
+
+    The median decides a pass. A median outside the bounds is a real miss when
+    the whole spread (smallest to largest value) misses too (:func:`verdict`
+    ``"missed"``); when the spread straddles the bound the measurement cannot
+    tell (a loaded machine spreads the values) and the check is unresolved.
+
+    >>> spread_verdict([1.1, 1.2, 1.3], 1.0)
+    (True, None)
+    >>> spread_verdict([0.9, 0.94, 1.05], 1.0)
+    (False, 'median 0.94, spread 0.9-1.05 straddles >= 1')
+    >>> spread_verdict([0.5, 0.6, 0.7], 1.0)
+    (False, None)
+
+    Returns:
+        ``(passed, unresolved)``: ``unresolved`` is the spread in words when the
+        check failed only because the spread straddles its bound, else ``None``.
+    """
+    x = sorted(float(v) for v in values)
+    if not x or not all(math.isfinite(v) for v in x):
+        return False, None
+    median = statistics.median(x)
+    if low <= median <= high:
+        return True, None
+    at_most = median > high
+    limit = high if at_most else low
+    if verdict(x[0], x[-1], limit, at_most=at_most) == "missed":
+        return False, None
+    bound = f"<= {high:g}" if at_most else f">= {low:g}"
+    return (
+        False,
+        f"median {median:.3g}, spread {x[0]:.3g}-{x[-1]:.3g} straddles {bound}",
+    )

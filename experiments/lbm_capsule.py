@@ -407,7 +407,7 @@ def evaluate_checks(
                 f"Ca={ca:g}: FP32 D within {st.theory_tol:.0%} of theory, "
                 "relaxation rate within 15 %"
             ] = ok and (
-                fp32["summary"]["deformation_error"] < st.theory_tol
+                (fp32["summary"]["deformation_error"] or math.inf) < st.theory_tol
                 and (fp32["summary"]["relaxation_rate_error"] or math.inf) < 0.15
             )
         if any(r["storage"] == "FP64/FP64" for r in records):

@@ -42,7 +42,8 @@ path of ``summary.json``; warnings, such as a cylinder run too short for a
 Strouhal number, go to stderr. ``--checkpoint-every N`` saves the whole run to
 ``DIR/checkpoints`` every ``N`` steps (the arguments go to ``DIR/run.json``);
 ``--resume DIR`` continues a killed run from its newest readable checkpoint, bit
-for bit, and refuses other options or another code version (exit status 2).
+for bit, and refuses other options or another code version (exit status 2), and
+a finished run whose outputs are written (``--overwrite`` writes them again).
 
 ``bench`` measures MLUPs on a periodic box after compilation, with the memory
 bandwidth measured in the same process. ``--all`` covers every storage policy on
@@ -104,6 +105,8 @@ class _Parser(argparse.ArgumentParser):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._epilog_factory = epilog_factory
+        #: The subcommands' parsers by name, whose usage their errors print.
+        self.commands: dict[str, argparse.ArgumentParser] = {}
 
     def format_help(self) -> str:
         if self._epilog_factory is not None and self.epilog is None:
@@ -157,7 +160,8 @@ def _case_table() -> str:
     for case, info in CASE_INFO.items():
         defaults = case_defaults(case)
         n, steps = defaults.pop("n"), defaults.pop("steps")
-        lines.append(f"  {case:<21} --n {n} = {info.n}")
+        note = f" [{info.n_note}]" if info.n_note else ""
+        lines.append(f"  {case:<21} --n {n} = {info.n}{note}")
         text = ", ".join(
             [f"{_flag(name)} {_value(value)}" for name, value in defaults.items()]
             + [f"--steps {steps}" + (" at most (until steady)" if info.steady else "")]
@@ -168,7 +172,7 @@ def _case_table() -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argument parser of ``python -m lbm_jax``."""
     from lbm_jax import Collision, Streaming, list_lattices
     from lbm_jax._native import KERNELS
@@ -336,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write results to this JSON file (default: none, the table only)",
     )
+    parser.commands.update(run=run, bench=bench)
     return parser
 
 
@@ -475,11 +480,11 @@ def _run_case(
     parser: argparse.ArgumentParser,
 ) -> int:
     from lbm_jax import ResumeError
-    from lbm_jax.cases import prepare_case, run_case
+    from lbm_jax.cases import make_out_dir, prepare_case, run_case
 
     resume = args.resume is not None
     try:
-        prepare_case(case, **kwargs)
+        prepare_case(case, **kwargs)  # checks the grid against the memory too
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a directory.")
         _check_creatable("--out", out)
@@ -489,6 +494,7 @@ def _run_case(
                 "directory or pass --overwrite to replace the files of this case "
                 "(or --resume it, if it holds a checkpointed run)."
             )
+        make_out_dir(out, "--out")  # before the run, not after it
     except (ValueError, TypeError) as err:
         parser.error(_as_flags(str(err)))
     if resume:
@@ -624,9 +630,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for invalid arguments)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    command = parser.commands[args.command]  # its errors show its own usage
     if args.command == "run":
-        return _run(args, parser)
-    return _bench(args, parser)
+        return _run(args, command)
+    return _bench(args, command)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,16 @@ class Checkpoint:
             old.unlink(missing_ok=True)
         return path
 
+    def newest_record(self) -> dict[str, Any] | None:
+        """The driver's record of the newest checkpoint whose metadata reads, or
+        ``None`` (nothing loaded, nothing checked)."""
+        for path in reversed(self.files()):
+            try:
+                return dict(read_metadata(path)["run"])
+            except (CorruptCheckpointError, KeyError):
+                continue
+        return None
+
     def restore(
         self,
         template: Callable[[Mapping[str, Any]], Any],

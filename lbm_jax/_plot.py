@@ -26,6 +26,7 @@ __all__ = [
     "crown_figure",
     "fill_figure",
     "fill_slices_figure",
+    "vertical_label",
     "oscillation_figure",
     "surface_figure",
     "deformation_figure",
@@ -263,7 +264,7 @@ def deformation_figure(
     ax.set_xlabel("time step")
     ax.set_ylabel("Taylor deformation D = (L - B)/(L + B)")
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    fig.legend(loc="outside lower center", fontsize="small")  # clear of the data
     return fig
 
 
@@ -345,8 +346,23 @@ def oscillation_figure(
     return fig
 
 
+def vertical_label(dims: int) -> str:
+    """The vertical (gravity) axis of a free-surface grid: its last axis, ``y``
+    in 2-D and ``z`` in 3-D.
+
+    >>> vertical_label(2), vertical_label(3)
+    ('y (cells, up)', 'z (cells, up)')
+    """
+    return f"{'y' if dims == 2 else 'z'} (cells, up)"
+
+
 def fill_slices_figure(
-    slices: Any, times: Any, *, panels: int = 6, title: str = "fill level"
+    slices: Any,
+    times: Any,
+    *,
+    panels: int = 6,
+    title: str = "fill level",
+    dims: int = 3,
 ) -> Figure:
     """Snapshots of a vertical fill-level slice at evenly spaced sample times.
 
@@ -378,7 +394,7 @@ def fill_slices_figure(
         )
         ax.set_title(f"t U / D = {times[k]:.2f}")
         ax.set_xlabel("x (cells)")
-        ax.set_ylabel("z (cells)")
+        ax.set_ylabel(vertical_label(dims))
     fig.colorbar(im, ax=axes, label="fill level phi", shrink=0.8)
     fig.suptitle(title)
     return fig
@@ -438,10 +454,9 @@ def surface_figure(top: Any, *, title: str = "liquid surface") -> Figure:
     if top.ndim == 1:
         fig = Figure(figsize=(6.5, 3.5), layout="constrained")
         ax = fig.add_subplot()
-        ax.plot(np.arange(top.size), top, color="tab:blue", label="surface height")
+        ax.plot(np.arange(top.size), top, color="tab:blue")  # one line: no legend
         ax.set_xlabel("x (cells)")
-        ax.set_ylabel("height / D")
-        ax.legend(loc="upper right")
+        ax.set_ylabel("surface height / D")
     else:
         fig = Figure(figsize=(6.5, 5.0), layout="constrained")
         ax = fig.add_subplot(projection="3d")

@@ -264,6 +264,7 @@ def run(
             counted from the start of this call; needed with ``observe``/``stop``.
         stop: ``stop(state, history) -> bool scalar``, evaluated after every
             sample on the device; ``True`` ends the run (see :func:`steady`).
+            Needs ``observe`` (``history`` holds its samples).
         callback: Called on the host as ``callback(state)`` after every ``every``
             steps. The state's buffers are donated to the next chunk: copy what you
             keep (e.g. ``jax.device_get``).
@@ -315,12 +316,19 @@ def run(
         )
     if every is not None:
         every = check_int(every, "every", 1)
-    sampling = observe is not None or stop is not None
+    if stop is not None and observe is None:
+        raise ValueError(
+            "stop needs observe=: stop(state, history) is evaluated after every "
+            "sample and judges the sampled values (steady() compares them), so "
+            "without observe it has nothing to judge; pass observe=<what to "
+            "sample> and sample_every=<steps>."
+        )
+    sampling = observe is not None
     if sampling and sample_every is None:
         raise ValueError("observe and stop need sample_every=<steps between samples>.")
     if sample_every is not None:
         if not sampling:
-            raise ValueError("sample_every needs observe or stop.")
+            raise ValueError("sample_every needs observe (and optionally stop).")
         sample_every = check_int(sample_every, "sample_every", 1)
 
     if sim is not None:

@@ -36,7 +36,7 @@ import optax
 from flax.linen import fp8_ops
 
 from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue
-from mpjax._loss_scaling import get_loss_scale, get_skipped_steps
+from mpjax._loss_scaling import loss_scale_or_one, skipped_steps_or_zero
 
 __all__ = ["Fp8DelayedScalingState", "fp8_delayed_scaling", "update_fp8_meta"]
 
@@ -201,8 +201,10 @@ def fp8_delayed_scaling(
             _masked(param_leaves, treedef),
             **extra_args,
         )
-        skipped = get_skipped_steps(inner_state) > get_skipped_steps(state.inner_state)
-        ratio = get_loss_scale(inner_state) / get_loss_scale(state.inner_state)
+        skipped = skipped_steps_or_zero(inner_state) > skipped_steps_or_zero(
+            state.inner_state
+        )
+        ratio = loss_scale_or_one(inner_state) / loss_scale_or_one(state.inner_state)
         inner_leaves = jax.tree.leaves(
             inner_updates, is_leaf=lambda x: isinstance(x, optax.MaskedNode)
         )

@@ -511,11 +511,13 @@ def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
       opt_state: an optimizer state, or a Flax NNX optimizer or its state.
 
     Returns:
-      A float32 scalar array: the scale of the (single) loss-scaling state, or
-      1.0 when there is none or it is a :func:`no_loss_scaling` state.
+      A float32 scalar array: the scale of the (single) loss-scaling state, 1.0
+      for a :func:`no_loss_scaling` state.
 
     Raises:
-      ValueError: if the state holds more than one loss-scaling state.
+      ValueError: if the state holds no loss-scaling state (wrap the optimizer in
+        :func:`dynamic_loss_scaling`, :func:`static_loss_scaling` or
+        :func:`no_loss_scaling`), or more than one.
       TypeError: if ``opt_state`` is not an optimizer state (``None``, a number,
         a string, an array, a Flax model).
 
@@ -523,10 +525,29 @@ def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
     >>> float(get_loss_scale(opt.init({"w": jnp.zeros(2)})))
     4.0
     """
+    _required(opt_state, "loss scale")
+    return loss_scale_or_one(opt_state)
+
+
+def loss_scale_or_one(opt_state: optax.OptState) -> jax.Array:
+    """:func:`get_loss_scale`, but 1.0 for a state without loss scaling.
+
+    For the training steps, which work with or without loss scaling.
+    """
     state = _single_state(opt_state, "loss scale")
     if state is None or isinstance(state, NoLossScaleState):
         return jnp.ones((), jnp.float32)
     return state.scale
+
+
+def _required(opt_state: Any, what: str) -> None:
+    """Raise ``ValueError`` if ``opt_state`` holds no loss-scaling state."""
+    if _single_state(opt_state, what) is None:
+        raise ValueError(
+            f"Cannot read the {what}: the optimizer state holds no loss-scaling "
+            "state. Wrap the optimizer in mpjax.dynamic_loss_scaling, "
+            "static_loss_scaling or no_loss_scaling to have one."
+        )
 
 
 def get_skipped_steps(opt_state: optax.OptState) -> jax.Array:
@@ -536,12 +557,18 @@ def get_skipped_steps(opt_state: optax.OptState) -> jax.Array:
       opt_state: an optimizer state, searched like in :func:`get_loss_scale`.
 
     Returns:
-      The skip count of the (single) loss-scaling state, or 0 when there is none.
+      The skip count of the (single) loss-scaling state.
 
     Raises:
-      ValueError: if the state holds more than one loss-scaling state.
+      ValueError: if the state holds no loss-scaling state, or more than one.
       TypeError: if ``opt_state`` is not an optimizer state.
     """
+    _required(opt_state, "skipped-step count")
+    return skipped_steps_or_zero(opt_state)
+
+
+def skipped_steps_or_zero(opt_state: optax.OptState) -> jax.Array:
+    """:func:`get_skipped_steps`, but 0 for a state without loss scaling."""
     state = _single_state(opt_state, "skipped-step count")
     if state is None:
         return jnp.zeros((), jnp.int32)

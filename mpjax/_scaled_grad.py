@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mpjax._loss_scaling import _is_float_array, _wide, get_loss_scale
+from mpjax._loss_scaling import _is_float_array, _wide, loss_scale_or_one
 
 __all__ = ["nnx_value_and_grad", "scaled_value_and_grad"]
 
@@ -165,7 +165,7 @@ def nnx_value_and_grad(
         )
 
     def value_and_scaled_grad(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        scale = get_loss_scale(optimizer)
+        scale = loss_scale_or_one(optimizer)
 
         def scaled(*a: Any, **kw: Any) -> tuple[Any, Any]:
             return _scale(loss_fn(*a, **kw), scale, has_aux)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mpjax._loss_scaling import get_loss_scale, get_skipped_steps
+from mpjax._loss_scaling import loss_scale_or_one, skipped_steps_or_zero
 from mpjax._policy import Policy, get_policy
 from mpjax._scaled_grad import scaled_value_and_grad
 
@@ -166,15 +166,15 @@ def make_train_step(
     value_and_grad = scaled_value_and_grad(compute_loss, has_aux=True)
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict[str, Any]]:
-        scale = get_loss_scale(state.opt_state)
-        skipped_before = get_skipped_steps(state.opt_state)
+        scale = loss_scale_or_one(state.opt_state)
+        skipped_before = skipped_steps_or_zero(state.opt_state)
         (loss, aux), grads = value_and_grad(state.params, scale, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics: dict[str, Any] = {
             "loss": jnp.asarray(loss).astype(jnp.float32),
             "loss_scale": scale,
-            "skipped": get_skipped_steps(opt_state) > skipped_before,
+            "skipped": skipped_steps_or_zero(opt_state) > skipped_before,
             "grad_norm": _global_norm_unscaled(grads, scale),
         }
         if has_aux:

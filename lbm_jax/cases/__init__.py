@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._checkpoint import Checkpoint, check_same, code_version
+from lbm_jax._checkpoint import Checkpoint, ResumeError, check_same, code_version
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CASE_INFO, CLI_OPTIONS, CaseInfo, CaseSetup, CliOption
 
@@ -58,6 +58,7 @@ __all__ = [
     "CaseSetup",
     "CliOption",
     "case_defaults",
+    "make_out_dir",
     "prepare_case",
     "run_case",
 ]
@@ -146,7 +147,25 @@ def case_defaults(case: str) -> dict[str, Any]:
     return {name: common.get(name, setup.options.get(name)) for name in names}
 
 
+def make_out_dir(path: Path, flag: str = "out_dir") -> Path:
+    """Create ``path`` (with its parents) before a run, so that a path that
+    cannot hold the outputs is refused before the run instead of after it.
+
+    Raises:
+        ValueError: If the folder cannot be created, naming ``flag``.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"{flag} {str(path)!r} cannot be created ({err.strerror or err}); "
+            "choose a path in a directory you can write to."
+        ) from None
+    return path
+
+
 def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
+    """``out_dir`` checked to be usable and created (nothing is run yet)."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(
@@ -158,7 +177,7 @@ def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
             "directory or pass overwrite=True (--overwrite) to replace the files "
             "this case writes."
         )
-    return path
+    return make_out_dir(path)
 
 
 def run_case(
@@ -198,7 +217,8 @@ def run_case(
         resume: Continue the checkpointed run in ``out_dir`` from its newest
             readable checkpoint (or start it, if it has none); the arguments and
             the code version must be those it was started with. The result equals
-            an uninterrupted run's bit for bit.
+            an uninterrupted run's bit for bit. A finished run whose outputs are
+            written is refused unless ``overwrite`` (which writes them again).
         **case_options: Case-specific options, e.g. ``collision="bgk"``,
             ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
 
@@ -208,7 +228,8 @@ def run_case(
     Raises:
         ValueError: For invalid arguments (before anything is compiled).
         TypeError: For arguments of the wrong type.
-        lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints.
+        lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints, or
+            (with ``resume`` and without ``overwrite``) a finished run.
         lbm_jax.InstabilityError: If the run becomes unstable.
     """
     setup = prepare_case(
@@ -227,6 +248,8 @@ def run_case(
             Path(out_dir), case, arguments, setup, checkpoint_every, resume, overwrite
         )
         out_path = Path(out_dir)
+        if resume and not overwrite:
+            _refuse_finished(out_path, checkpoint, setup.steps)
     else:
         out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
     metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
@@ -267,7 +290,7 @@ def _checkpoint_policy(
             )
         for old in (out / "checkpoints").glob("step_*.npz"):  # an overwritten run's
             old.unlink()
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         content = {
             "case": case,
             "arguments": _common.jsonable(arguments),
@@ -278,6 +301,22 @@ def _checkpoint_policy(
         tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, record)
     return Checkpoint(out / "checkpoints", every, metadata=identity, resume=resume)
+
+
+def _refuse_finished(out: Path, checkpoint: Checkpoint, steps: int) -> None:
+    """Raise ``ResumeError`` if the run in ``out`` has finished and written its
+    outputs: resuming it would only write them again."""
+    record = checkpoint.newest_record()
+    summary = out / "summary.json"
+    if record is None or not summary.is_file():
+        return
+    if record.get("stopped") or record.get("done", 0) >= steps:
+        raise ResumeError(
+            f"{str(out)!r} holds a finished run (it ended at step "
+            f"{record.get('done')}); its outputs are left as they are "
+            f"({str(summary)!r}). Pass overwrite=True (--overwrite) to analyse it "
+            "and write them again."
+        )
 
 
 def _write(

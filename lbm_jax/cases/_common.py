@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint
 from lbm_jax._collision import Collision
-from lbm_jax._lattice import list_lattices
+from lbm_jax._lattice import get_lattice, list_lattices
 from lbm_jax._storage import StoragePolicy, get_storage
 from lbm_jax._units import check_mach, mach, viscosity
 from lbm_jax._validation import check_int, check_real
@@ -25,7 +26,10 @@ __all__ = [
     "CaseInfo",
     "CaseSetup",
     "CliOption",
+    "available_memory",
+    "bytes_per_cell",
     "case_names",
+    "check_memory",
     "check_speed",
     "jsonable",
     "prepare",
@@ -38,7 +42,9 @@ class CaseInfo:
 
     Attributes:
         module: The module holding the case's ``prepare``.
-        n: What the resolution ``n`` counts (the default is the case's own).
+        n: What the resolution ``n`` counts, true of every run of the case.
+        n_note: A remark on ``n`` for ``--help`` only (e.g. the default on a
+            3-D lattice), not printed with a run's summary.
         results: The summary's key figures, shown first by ``python -m lbm_jax run``
             (with every ``*_error``, ``*_deviation`` and ``*_drift`` figure).
         re: Whether the case takes a Reynolds number (the free-surface cases
@@ -52,6 +58,7 @@ class CaseInfo:
     results: tuple[str, ...]
     re: bool = True
     steady: bool = False
+    n_note: str = ""
 
 
 _FREE_SURFACE = "lbm_jax.cases.free_surface"
@@ -75,9 +82,10 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "cavity": CaseInfo(
         "lbm_jax.cases.cavity",
-        "cavity side (cells; 32 by default on a 3-D lattice)",
+        "cavity side (cells)",
         _CAVITY_RESULTS,
         steady=True,
+        n_note="32 by default on a 3-D lattice",
     ),
     "cavity3d": CaseInfo(
         "lbm_jax.cases.cavity", "cube side (cells)", _CAVITY_RESULTS, steady=True
@@ -90,15 +98,17 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "capsule": CaseInfo(
         "lbm_jax.cases.capsule",
-        "channel height H (cells; 10 radius by default)",
+        "channel height H (cells)",
         ("taylor_deformation", "deformation_theory", "inclination_deg"),
         steady=True,
+        n_note="10 radius by default",
     ),
     "static_drop": CaseInfo(
         _FREE_SURFACE,
-        "box side (cells; 64 by default in 3-D)",
+        "box side (cells)",
         ("laplace_pressure", "laplace_theory", "spurious_velocity"),
         re=False,
+        n_note="64 by default in 3-D",
     ),
     "capillary_wave": CaseInfo(
         _FREE_SURFACE,
@@ -111,9 +121,10 @@ CASE_INFO: Mapping[str, CaseInfo] = {
     ),
     "raindrop": CaseInfo(
         _FREE_SURFACE,
-        "drop diameter D (cells; the paper's is 84)",
-        _IMPACT_RESULTS,
+        "drop diameter D (cells)",
+        (*_IMPACT_RESULTS, "time_ms", "tau_raised"),
         re=False,
+        n_note="the paper's is 84",
     ),
 }
 
@@ -241,6 +252,8 @@ class CaseSetup:
         figures: Figures written with ``out_dir``.
         write_files: ``write_files(out, summary, fields, extras) -> paths``: the
             case's own files, written with ``out_dir`` after the common ones.
+        shape: The grid the case allocates (wall layers included), checked
+            against the available memory by :func:`prepare`; ``None`` if unknown.
     """
 
     case: str
@@ -259,6 +272,7 @@ class CaseSetup:
     builder: Callable[[CaseSetup], tuple[Any, Any]]
     figures: tuple[str, ...] = ("velocity",)
     write_files: Callable[..., list[Path]] | None = None
+    shape: tuple[int, ...] | None = None
 
     @property
     def nu(self) -> float:
@@ -383,8 +397,75 @@ def prepare(
             raise ValueError(f"re must be positive, got {re}.")
     policy = resolve_storage(storage, shift)
     module = importlib.import_module(CASE_INFO[case].module)
-    return module.prepare(
+    setup = module.prepare(
         case, n=n, re=re, storage=policy, steps=resolve_steps(steps), options=options
+    )
+    check_memory(setup)
+    return setup
+
+
+def bytes_per_cell(lattice: str, storage: StoragePolicy) -> int:
+    """Bytes a case run holds per grid cell at least: two population buffers of
+    ``q`` stored values, the density and velocity on the device (float32) and
+    their float64 copies on the host, and the int8 cell type.
+
+    >>> bytes_per_cell("D2Q9", get_storage("fp32"))  # 72 + 12 + 24 + 1
+    109
+    """
+    lat = get_lattice(lattice)
+    return 2 * lat.q * storage.bytes_per_value + (4 + 8) * (1 + lat.d) + 1
+
+
+def available_memory() -> tuple[int, str]:
+    """``(bytes, where)``: the free memory of the default device (an
+    accelerator's allocator limit) or, on the CPU, the host's available memory."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        if "bytes_limit" in stats:
+            free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+            return int(free), f"{device.platform} device memory"
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available host memory"
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(pages), "free host memory"
+
+
+def check_memory(setup: CaseSetup, *, floor: int = 2**30) -> None:
+    """Refuse a grid that cannot fit the memory, before anything is allocated.
+
+    Grids needing less than ``floor`` bytes pass unchecked (no device query).
+
+    Raises:
+        ValueError: If the grid needs more memory than is available, with the
+            bytes per cell and the largest ``n`` that fits.
+    """
+    if setup.shape is None:
+        return
+    cells = math.prod(setup.shape)
+    per_cell = bytes_per_cell(setup.lattice, setup.storage)
+    need = cells * per_cell
+    if need < floor:
+        return
+    free, where = available_memory()
+    if need <= free:
+        return
+    d = len(setup.shape)
+    fits = max(1, math.floor(setup.n * (free / need) ** (1.0 / d)))
+    grid = " x ".join(map(str, setup.shape))
+    raise ValueError(
+        f"n={setup.n} gives a grid of {grid} = {cells:.3g} cells; at "
+        f"{per_cell} bytes per cell ({setup.lattice}, {setup.storage.name} "
+        f"storage) the run needs at least {need / 2**30:.3g} GiB, but only "
+        f"{free / 2**30:.3g} GiB of {where} is free. Lower n (about {fits} "
+        "fits) or use a 16-bit storage."
     )
 
 

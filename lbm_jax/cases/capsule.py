@@ -34,6 +34,12 @@ shear plane x-z, from the inertia tensor of the enclosed volume),
 ``relaxation_rate_theory`` and ``relaxation_rate_error`` (C = 1 and neo-Hookean
 only), ``inclination_deg``, ``volume_drift`` and ``area_drift`` (largest relative
 change over the run), ``shear_rate``, ``shear_modulus``, ``relaxation_time``.
+
+A run too short to judge leaves figures unset (``None`` in JSON) with a
+``warnings`` entry naming the steps needed: ``deformation_error`` and
+``deformation_fit`` need :data:`MIN_RELAXATION_TIMES` relaxation times (or a run
+that stopped once steady), the relaxation rate a fit over
+:data:`MIN_FIT_SAMPLES` samples spanning one relaxation time.
 """
 
 from __future__ import annotations
@@ -76,6 +82,12 @@ DEFAULT_RADIUS = 12.0
 #: support about halves the effective-radius error of the 4-point one (measured
 #: at r = 5: D 6.5 % and the rate 1.1 % off theory, against 12.2 % and 8.8 %).
 DEFAULT_DELTA = 2
+
+#: Relaxation times before ``D`` counts as steady (``exp(-5)``: 0.7 % left).
+MIN_RELAXATION_TIMES = 5.0
+
+#: Samples, over at least one relaxation time, a fit of the relaxation rate needs.
+MIN_FIT_SAMPLES = 8
 
 #: Largest node speed (cells per step) the explicit coupling accepts.
 MAX_NODE_SPEED = 1.0 / 3.0
@@ -256,6 +268,7 @@ def prepare(
         builder=build,
         figures=(),
         write_files=_write_files,
+        shape=(width, width, height + 2),
     )
 
 
@@ -270,8 +283,8 @@ def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
     from lbm_jax import CellType, Simulation
 
     opts = setup.options
-    w, h = opts["width"], setup.n
-    shape = (w, w, h + 2)
+    h = setup.n
+    shape = setup.shape
     cell_type = np.zeros(shape, np.int32)
     cell_type[..., 0] = cell_type[..., -1] = CellType.WALL
     z = np.arange(h + 2, dtype=np.float64) - 0.5  # wall planes at z = 0 and H
@@ -362,9 +375,12 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     x0 = membrane.reference_nodes
     v0, a0 = membrane.reference_volume, membrane.reference_area
     d_theory = deformation_theory(ca, law, c)
-    d_last = float(samples["D"][-1])
-    d_fit, k_fit = fit_relaxation(t, samples["D"])
+    d_last = float(samples["D"][-1]) if t.size else math.nan
     k_theory = relaxation_rate(gamma, ca, law, c)
+    steady_d, fitted, warnings = _trusted(setup, t, result.stats.stopped)
+    d_fit, k_fit = fit_relaxation(t, samples["D"]) if fitted else (math.nan,) * 2
+    if not steady_d:
+        d_fit = math.nan
     rho, u = (
         np.asarray(a, np.float64)[..., 1:-1] for a in sim.fields(result.state.fluid)
     )
@@ -373,19 +389,22 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "mlups": result.stats.mlups,
         "taylor_deformation": d_last,
         "deformation_theory": d_theory,
-        "deformation_error": abs(d_last - d_theory) / d_theory,
+        "deformation_error": abs(d_last - d_theory) / d_theory if steady_d else None,
         "deformation_fit": d_fit,
         "relaxation_rate": k_fit,
         "relaxation_rate_theory": k_theory,
         "relaxation_rate_error": None
-        if k_theory is None
+        if k_theory is None or not fitted
         else abs(k_fit - k_theory) / k_theory,
-        "inclination_deg": math.degrees(float(samples["theta"][-1])),
+        "inclination_deg": math.degrees(float(samples["theta"][-1]))
+        if t.size
+        else math.nan,
         "volume_drift": float(np.max(np.abs(samples["volume"] / v0 - 1.0))),
         "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0))),
         "shear_rate": gamma,
         "shear_modulus": membrane.shear_modulus,
         "stopped_early": result.stats.stopped,
+        "warnings": warnings,
     }
     nodes = np.asarray(result.state.nodes, np.float64)
     extras = {
@@ -397,6 +416,37 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "node_forces": np.asarray(membrane.forces(result.state.nodes), np.float64),
     }
     return metrics, {"rho": rho, "u": u}, extras
+
+
+def _trusted(
+    setup: CaseSetup, t: np.ndarray, stopped: bool
+) -> tuple[bool, bool, list[str]]:
+    """``(steady, fitted, warnings)``: whether the run is long enough for the
+    steady deformation and for a fit of the relaxation rate, and why not."""
+    tau_r = setup.options["relaxation_time"]
+    ran = float(t[-1]) if t.size else 0.0
+    steady_d = stopped or ran >= MIN_RELAXATION_TIMES * tau_r
+    fitted = t.size >= MIN_FIT_SAMPLES and ran >= tau_r
+    warnings = []
+    if not steady_d:
+        need = math.ceil(MIN_RELAXATION_TIMES * tau_r)
+        warnings.append(
+            f"run too short for the steady deformation: {ran:.0f} steps are "
+            f"{ran / tau_r:.2g} relaxation times (mu r / (s G_s) = {tau_r:.0f} "
+            f"steps), D needs {MIN_RELAXATION_TIMES:g}; deformation_error and "
+            f"deformation_fit are left unset. Give steps={need}, or leave steps "
+            "unset to run until D is steady."
+        )
+    if not fitted:
+        every = float(t[1] - t[0]) if t.size > 1 else float(ran)
+        need = math.ceil(max(tau_r, MIN_FIT_SAMPLES * every))
+        warnings.append(
+            f"run too short to fit the relaxation rate: {t.size} sample(s) over "
+            f"{ran:.0f} steps, the fit needs {MIN_FIT_SAMPLES} over one relaxation "
+            f"time ({tau_r:.0f} steps); relaxation_rate and relaxation_rate_error "
+            f"are left unset. Give steps={need} or more."
+        )
+    return steady_d, fitted, warnings
 
 
 def _write_files(

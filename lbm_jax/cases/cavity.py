@@ -153,6 +153,7 @@ def prepare(
         runner=_run,
         builder=build,
         figures=("velocity", "streamlines"),
+        shape=_shape(2 if lattice == "D2Q9" else 3, n, opts["span"]),
     )
 
 
@@ -162,12 +163,17 @@ def _interior(d: int, span: int | None) -> tuple[slice, ...]:
     return walls if span is None else walls[:2] + (slice(None),)
 
 
+def _shape(d: int, n: int, span: int | None) -> tuple[int, ...]:
+    """The grid: ``n`` fluid cells per side inside one layer of solid cells."""
+    return (n + 2,) * d if span is None else (n + 2, n + 2, span)
+
+
 def _geometry(
     d: int, n: int, u_lid: float, span: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     from lbm_jax._boundaries import CellType
 
-    shape = (n + 2,) * d if span is None else (n + 2, n + 2, span)
+    shape = _shape(d, n, span)
     cell_type = np.full(shape, int(CellType.SOLID), dtype=np.int8)
     interior = _interior(d, span)
     cell_type[interior] = int(CellType.FLUID)

@@ -27,14 +27,16 @@ Reference at Re = 100: St 0.164-0.169, mean drag 1.32-1.38 (the 5 % blockage of 
 default box raises both slightly).
 
 Coefficients use the mean inflow speed and the diameter: ``cd = 2 F_x / (u_ref^2
-D)``, ``cl = 2 F_y / (u_ref^2 D)``; ``strouhal = f D / u_ref`` with the shedding
-frequency ``f`` from the lift signal's upward zero crossings over the analysis
-window (the last ``window`` fraction of the run). Metrics: ``strouhal``,
-``cd_max``, ``cd_mean``, ``cl_max``, ``cl_amplitude``, ``periods`` (in the window).
-Fewer than :data:`MIN_PERIODS` periods leave ``strouhal`` unset (NaN, ``None`` in
-JSON) and add a ``warnings`` entry saying how many
-steps a run needs; without ``steps`` the run lasts ``run_times`` convective times
-``D / u_ref`` (default 60 confined, 200 unconfined).
+D)``, ``cl = 2 F_y / (u_ref^2 D)`` (their extremes and mean over the analysis
+window, the last ``window`` fraction of the run); ``strouhal = f D / u_ref`` with
+the shedding frequency ``f`` of the periodic end of the lift signal
+(:func:`periodic_tail`): the start-up transient (pressure waves, the growing
+wake) is detected and left out, not assumed to have passed. Metrics:
+``strouhal``, ``cd_max``, ``cd_mean``, ``cl_max``, ``cl_amplitude``, ``periods``
+(periodic shedding cycles after the transient). Fewer than :data:`MIN_PERIODS`
+leave ``strouhal`` unset (NaN, ``None`` in JSON) and add a ``warnings`` entry
+saying how many steps a run needs; without ``steps`` the run lasts ``run_times``
+convective times ``D / u_ref`` (default 60 confined, 200 unconfined).
 """
 
 from __future__ import annotations
@@ -49,11 +51,22 @@ from lbm_jax._validation import check_int
 from lbm_jax.cases import _common, _reference
 from lbm_jax.cases._common import CaseSetup
 
-__all__ = ["MIN_PERIODS", "prepare", "shedding_frequency"]
+__all__ = ["MIN_PERIODS", "periodic_tail", "prepare", "shedding_frequency"]
 
-#: Full shedding periods of the lift the analysis window must hold for a Strouhal
-#: number; fewer add a warning to the summary.
+#: Periodic shedding cycles the lift must show after its start-up transient for a
+#: Strouhal number; fewer add a warning to the summary.
 MIN_PERIODS = 2
+
+#: A cycle belongs to the periodic end of a signal when its period is within
+#: ``PERIOD_TOLERANCE`` of the last cycle's and its peak-to-peak amplitude within
+#: ``AMPLITUDE_TOLERANCE`` (below, above) of it: a wake still saturating (earlier
+#: cycles smaller; its frequency settles first) counts, dying waves (earlier
+#: cycles larger) do not.
+PERIOD_TOLERANCE = 0.05
+AMPLITUDE_TOLERANCE = (0.25, 0.05)
+
+#: Samples a period needs for its crossings and amplitude to be resolved.
+MIN_SAMPLES_PER_PERIOD = 8
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "cylinder": {
@@ -102,6 +115,56 @@ def shedding_frequency(signal: np.ndarray, dt: float) -> tuple[float, int]:
     if periods < 1:
         return math.nan, max(periods, 0)
     return periods / ((crossings[-1] - crossings[0]) * dt), periods
+
+
+def periodic_tail(signal: np.ndarray, dt: float) -> tuple[float, int, int]:
+    """Frequency of the periodic end of a signal, its start-up transient left out.
+
+    The cycles run between upward crossings of the mean of the signal's second
+    half. Walking back from the last cycle, a cycle is periodic while its period
+    and peak-to-peak amplitude stay within :data:`PERIOD_TOLERANCE` and
+    :data:`AMPLITUDE_TOLERANCE` of the last cycle's; the transient (growing,
+    decaying or irregular cycles) ends where that stops. A last cycle shorter than
+    :data:`MIN_SAMPLES_PER_PERIOD` samples is not resolved: no periodic cycles.
+
+    >>> t = np.arange(4000) * 0.01
+    >>> grow = np.minimum(1.0, t / 20.0)  # a transient: the amplitude grows
+    >>> f, periods, start = periodic_tail(grow * np.sin(2 * np.pi * 0.5 * t), 0.01)
+    >>> round(f, 4), periods, start  # from t = 14 on: 3/4 of the final amplitude
+    (0.5, 12, 1400)
+
+    Args:
+        signal: Uniformly sampled values.
+        dt: Sampling interval.
+
+    Returns:
+        ``(frequency, periods, start)``: the frequency over the periodic cycles
+        (``nan`` when there are none), their number and the sample index where
+        they begin (the signal's length when there are none).
+    """
+    s = np.asarray(signal, dtype=np.float64)
+    s = s - float(np.mean(s[len(s) // 2 :])) if s.size else s
+    idx = np.nonzero((s[:-1] < 0) & (s[1:] >= 0))[0]
+    crossings = idx + s[idx] / (s[idx] - s[idx + 1])  # linear interpolation
+    if len(crossings) < 2:
+        return math.nan, 0, len(s)
+    periods = np.diff(crossings)
+    amplitudes = np.array(
+        [np.ptp(s[a : b + 2]) for a, b in zip(idx[:-1], idx[1:], strict=True)]
+    )
+    if periods[-1] < MIN_SAMPLES_PER_PERIOD:
+        return math.nan, 0, len(s)
+    below, above = AMPLITUDE_TOLERANCE
+    ratio = amplitudes / amplitudes[-1]
+    same = (np.abs(periods / periods[-1] - 1.0) <= PERIOD_TOLERANCE) & (
+        (ratio >= 1.0 - below) & (ratio <= 1.0 + above)
+    )
+    first = len(same)
+    while first > 0 and same[first - 1]:
+        first -= 1
+    count = len(same) - first
+    span = (crossings[-1] - crossings[first]) * dt
+    return float(count / span), count, int(idx[first])
 
 
 def prepare(
@@ -167,7 +230,15 @@ def prepare(
         runner=_run,
         builder=build,
         figures=("velocity", "vorticity"),
+        shape=_shape(case, n, opts),
     )
+
+
+def _shape(case: str, n: int, opts: dict[str, Any]) -> tuple[int, int]:
+    """The grid: the channel with its wall rows, or the wide periodic box."""
+    if case == "cylinder":
+        return round(22 * n) + 2, round(4.1 * n) + 2
+    return round(opts["length"] * n) + 2, round(opts["width"] * n)
 
 
 def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
@@ -176,15 +247,12 @@ def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
 
     n, u0, opts = setup.n, setup.u_ref, setup.options
     confined = setup.case == "cylinder"
+    shape = setup.shape
     if confined:
-        ny = round(4.1 * n)
-        nx = round(22 * n) + 2
-        shape = (nx, ny + 2)
+        ny = shape[1] - 2
         xc, yc = 2.0 * n, 2.0 * n
     else:
-        nx = round(opts["length"] * n) + 2
-        ny = round(opts["width"] * n)
-        shape = (nx, ny)
+        ny = shape[1]
         xc = opts["length_front"] * n
         yc = ny / 2 + opts["offset"] * n
     # Cell centres: the inlet boundary (x = 0) lies between columns 0 and 1; in the
@@ -217,15 +285,14 @@ def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
 
 
 def _shedding_warnings(setup: CaseSetup, steps: int, periods: int) -> list[str]:
-    """Why the Strouhal number is missing or unreliable, and the run that fixes it."""
+    """Why the Strouhal number is missing, and the run that fixes it."""
     if periods >= MIN_PERIODS:
         return []
     t_conv = setup.n / setup.u_ref
-    window = setup.options["window"]
     found = (
-        f"the lift shows {periods} full shedding period(s) in the analysed last "
-        f"{window:.0%} of the run ({steps} steps = {steps / t_conv:.3g} D / U), "
-        f"fewer than the {MIN_PERIODS} the Strouhal number needs"
+        f"the lift shows {periods} periodic shedding cycle(s) after its start-up "
+        f"transient in {steps} steps (= {steps / t_conv:.3g} D / U), fewer than "
+        f"the {MIN_PERIODS} the Strouhal number needs"
     )
     run_times = _DEFAULTS[setup.case]["run_times"]
     if steps < run_times * t_conv:
@@ -287,7 +354,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     scale = 2.0 / (setup.u_ref**2 * setup.n)
     cd, cl = f_hist[:, 0] * scale, f_hist[:, 1] * scale
     start = int(len(cd) * (1.0 - setup.options["window"]))
-    freq, periods = shedding_frequency(cl[start:], float(every))
+    freq, periods, _ = periodic_tail(cl, float(every))
     rho, u = (np.asarray(a, dtype=np.float64) for a in sim.fields(state))
     u = u * (~body)
     metrics: dict[str, Any] = {

@@ -229,6 +229,7 @@ def _static_drop(
         steps_given=steps_given,
         runner=_run_static_drop,
         write_files=_write_static_drop,
+        shape=(n,) * dims,
     )
 
 
@@ -266,7 +267,7 @@ def _capillary_wave(
         raise ValueError(
             f"steps={steps} gives {steps // every + 1} samples of the wave (one every "
             f"{every} steps); the frequency fit needs at least 8: give steps >= "
-            f"{7 * every} or raise samples (per period)."
+            f"{7 * every}, or leave steps unset for the default length."
         )
     return _setup(
         case,
@@ -279,6 +280,7 @@ def _capillary_wave(
         steps_given=steps_given,
         runner=_run_capillary_wave,
         write_files=_write_capillary_wave,
+        shape=(n, opts["height"] + 2),
     )
 
 
@@ -354,6 +356,7 @@ def _impact(
         runner=_run_impact,
         figures=(),
         write_files=_write_impact,
+        shape=opts["shape"],
     )
 
 
@@ -384,14 +387,13 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     rho: Any = 1.0
     u = None
     gravity = None
+    shape = setup.shape
     if setup.case == "static_drop":
-        shape = (setup.n,) * d
         cell_type = None
         r = opts["radius"]
         phi = sphere_fill(shape, [setup.n / 2.0] * d, r)
         rho = 1.0 + 3.0 * (d - 1) * opts["sigma"] / r
     elif setup.case == "capillary_wave":
-        shape = (setup.n, opts["height"] + 2)
         cell_type = _walls(shape)
         k = 2 * math.pi / setup.n
         sub = (np.arange(16) + 0.5) / 16 - 0.5
@@ -400,7 +402,6 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         z = np.arange(shape[1], dtype=np.float64)
         phi = np.clip(surface[:, :, None] - (z - 0.5), 0.0, 1.0).mean(axis=1)
     else:
-        shape = opts["shape"]
         cell_type = _walls(shape)
         phi, rho, u = _impact_initial(setup, shape)
         gravity = (0.0,) * (d - 1) + (-opts["gravity"],)
@@ -564,6 +565,31 @@ def _run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     return metrics, _fields(fs, result.state), {"t": t, "amplitude": amp, "mass": mass}
 
 
+#: Impact time ``t U / D`` from which the crown radius is fitted by a power law.
+CROWN_START = 0.1
+
+#: Crown-radius samples a power-law fit needs; they must span a factor 2 in time.
+MIN_CROWN_SAMPLES = 5
+
+
+def _crown_warnings(setup: CaseSetup, contact: float, fitted: np.ndarray) -> list:
+    """Why the crown exponent cannot be trusted from the samples ``fitted`` (impact
+    times ``t U / D``), with the steps that give enough; empty when it can."""
+    if fitted.size >= MIN_CROWN_SAMPLES and fitted.max() >= 2 * fitted.min():
+        return []
+    t_unit = setup.n / setup.u_ref  # steps per D / U
+    start = contact + CROWN_START * t_unit
+    share = 1.0 - (MIN_CROWN_SAMPLES + 1) / setup.options["samples"]
+    need = math.ceil(max(contact + 2 * CROWN_START * t_unit, start / max(share, 0.1)))
+    return [
+        f"run too short for the crown exponent: {fitted.size} crown-radius "
+        f"sample(s) after t U / D = {CROWN_START:g}, the power-law fit needs "
+        f"{MIN_CROWN_SAMPLES} spanning a factor 2 in time; crown_exponent and "
+        f"crown_prefactor are left unset. Give steps={need} or more (or leave steps "
+        "unset for the default duration)."
+    ]
+
+
 def _run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     from lbm_jax._run import run
     from lbm_jax.free_surface import count_droplets, crown, power_law, surface_maps
@@ -598,10 +624,13 @@ def _run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     ]
     series = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     tau = (t - geo["contact_step"]) * setup.u_ref / setup.n
-    window = (tau >= 0.1) & np.isfinite(series["crown_radius"])
+    window = (tau >= CROWN_START) & np.isfinite(series["crown_radius"])
     exponent, prefactor = power_law(
         tau[window], series["crown_radius"][window] / setup.n
     )
+    warnings = _crown_warnings(setup, geo["contact_step"], tau[window])
+    if warnings:
+        exponent = prefactor = math.nan
     fields = _fields(fs, result.state)
     mass = np.concatenate([[start], values["mass"]])
     metrics = {
@@ -615,6 +644,7 @@ def _run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
         "cavity_depth_max": float(series["cavity_depth"].max() / setup.n),
         "droplets": count_droplets(fields["phi"] >= 0.5),
         "mass_drift": _mass_drift(mass),
+        "warnings": warnings,
     }
     if setup.case == "raindrop":
         metrics["time_ms"] = float(t[-1] * opts["units"]["dt"] * 1e3)
@@ -676,7 +706,10 @@ def _write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
     files = [
         _plot.save_figure(
             _plot.fill_slices_figure(
-                extras["slices"], extras["t_impact"], title=f"mid-plane fill: {title}"
+                extras["slices"],
+                extras["t_impact"],
+                title=f"mid-plane fill: {title}",
+                dims=summary["dims"],
             ),
             out / "slices.png",
         ),

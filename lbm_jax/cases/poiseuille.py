@@ -97,6 +97,7 @@ def prepare(
         options=opts,
         runner=_run,
         builder=build,
+        shape=(nx, n + 2),
     )
 
 

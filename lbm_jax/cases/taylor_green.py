@@ -96,6 +96,7 @@ def prepare(
         runner=_run,
         builder=build,
         figures=("velocity", "vorticity"),
+        shape=(n, n),
     )
 
 

@@ -154,6 +154,49 @@ def test_main_reproduce_writes_summary_and_fails_on_check(tmp_path, capsys):
     assert "| failing | FAIL | 1/2 |" in report
 
 
+def _slow_timing(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
+    checks = {"ok": True, "speedup >= 1": False, "accuracy": False}
+    spread = {"speedup >= 1": "median 0.94, spread 0.9-1.05 straddles >= 1"}
+    return {"table": "| a |", "checks": checks, "unresolved": spread}
+
+
+def test_unresolved_timing_checks_do_not_fail_a_run_but_a_real_miss_does(
+    tmp_path, capsys, monkeypatch
+):
+    fixed = {"ok": True, "speedup >= 1": False}
+    registry = {
+        "timing": lambda out_dir, **kw: {**_slow_timing(out_dir), "checks": fixed},
+        "broken": _slow_timing,  # the same, plus a failed accuracy check
+    }
+    monkeypatch.setitem(_framework.QUICK_BUDGET_S, "timing", 0.0)  # overrun it
+    status = main(
+        ["reproduce", "--out", str(tmp_path), "--only", "timing"], pipelines=registry
+    )
+    assert status == 0
+    out = capsys.readouterr().out
+    assert (
+        "speedup >= 1: unresolved (machine load), median 0.94, spread 0.9-1.05" in out
+    )
+    assert "timing: over budget" in out
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "| timing | pass (1 unresolved) | 1/2 |" in report
+    assert "- timing: speedup >= 1: unresolved (machine load)" in report
+    assert "- timing: over budget" in report and "| 0 (over) |" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["passed"] and summary["pipelines"]["timing"]["over_budget"]
+    assert main(["broken", "--out", str(tmp_path)], pipelines=registry) == 1
+    assert "FAILED: accuracy" in capsys.readouterr().out
+    # only a failed check can be unresolved
+    wrong = {
+        "t": lambda out_dir, **kw: {
+            **_slow_timing(out_dir),
+            "checks": {"speedup >= 1": True},
+        }
+    }
+    outcome = _framework.run_pipeline("t", out_root=tmp_path, pipelines=wrong)
+    assert "not failed checks" in outcome.error
+
+
 def test_main_single_pipeline_success(tmp_path, capsys):
     assert (
         main(["good", "--out", str(tmp_path), "--seed", "5"], pipelines=REGISTRY) == 0
@@ -180,6 +223,22 @@ def test_main_usage_errors_exit_2(argv, tmp_path, capsys):
     assert info.value.code == 2
     assert "python -m experiments" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["reproduce", "good"])
+def test_main_refuses_an_out_that_is_a_file_before_running(target, tmp_path, capsys):
+    blocker = tmp_path / "existing_file"
+    blocker.write_text("keep")
+    for out, message in (
+        (blocker, "is a file"),
+        (blocker / "sub", "cannot be created"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main([target, "--out", str(out)], pipelines=REGISTRY)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "usage: python -m experiments" in err
+    assert blocker.read_text() == "keep"
 
 
 def test_main_list(capsys):

@@ -55,6 +55,12 @@ def test_taylor_green_one_colour_per_storage_and_legend_off_the_data():
     assert len(distinct) == len(colour) == len({s for s, _ in RUNS_ALL})
     assert _legend_outside_axes(fig)
     assert all(a.get_xlabel() and a.get_ylabel() for a in fig.axes[:2])
+    assert "1e-16" not in fig.axes[1].get_ylabel()
+    assert "label suffix S: DDF-shifted" in fig.legends[0].get_title().get_text()
+    # with the grid size known, the shared offset is explained in the panel
+    fig = _lbm_figures.build_taylor_green_figure(_records(n=32))
+    (note,) = fig.axes[1].texts
+    assert "k^2/6 = 0.64% at n = 32" in note.get_text()
 
 
 def test_error_figure_titles_in_words_labelled_axes_and_zero_marked():

@@ -51,6 +51,32 @@ def test_a_ratio_target_is_judged_on_the_median_paired_ratio():
     assert _FP64.name.endswith("<= 0.8") and _FP16S.name.endswith(">= 1.05")
 
 
+def test_a_miss_within_the_spread_is_unresolved_and_a_real_miss_fails():
+    # median 1.0 below 1.05, but one round above: the load cannot be told apart
+    rows = _rows((0.9, 1.0, 1.3), fp64_rounds=(0.9, 0.85, 0.95))
+    unresolved = lbm_performance.unresolved_targets(rows, (_FP16S, _FP64))
+    assert list(unresolved) == [_FP16S.name]  # FP64: every round misses
+    assert unresolved[_FP16S.name] == "median 1, spread 0.9-1.3 straddles >= 1.05"
+    table = lbm_performance.target_table(rows, (_FP16S, _FP64))
+    assert "unresolved (machine load)" in table and "FAIL" in table
+    passed = _rows((1.1, 1.2, 0.7))
+    assert lbm_performance.unresolved_targets(passed, (_FP16S,)) == {}
+
+
+def test_a_strong_speedup_miss_is_unresolved_only_within_the_spread():
+    from experiments._lbm_scaling import scaling_checks, scaling_unresolved
+
+    name = "scaling: strong speedup on 2 devices >= 1"
+    rows = _scaling_rows(mlups=(30.0, 28.0, 50.0))  # speedup 0.93
+    rows[0]["rounds"], rows[1]["rounds"] = [29.0, 31.0], [27.0, 30.0]
+    assert not scaling_checks(rows, _SCALING)[name]
+    assert scaling_unresolved(rows, _SCALING)[name] == (
+        "median 0.949, spread 0.871-1.03 straddles >= 1"  # 27/31 to 30/29
+    )
+    rows[1]["rounds"] = [20.0, 21.0]  # every ratio below 1: a real miss
+    assert scaling_unresolved(rows, _SCALING) == {}
+
+
 def test_a_missing_run_fails_its_ratio_target():
     rows = [r for r in _rows((1.2, 1.2, 1.2)) if r["storage"] != "FP32/FP16S"]
     checks = evaluate_checks(rows, [20.0], (_FP16S,))

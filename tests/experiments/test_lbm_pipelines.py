@@ -249,6 +249,11 @@ def test_lbm_performance_checks_catch_inconsistent_bytes():
     assert checks["mlups_positive_finite"] is True
     assert np.isclose(rows[1]["speedup_vs_fp32"], 1.2)
     assert np.isclose(rows[0]["roofline_mlups"], 20e3 / 152)
+    # the figures a D3Q19 step moves: 2 x 19 populations of 8, 4 or 2 bytes
+    for storage, nbytes in (("FP64/FP64", 304.0), ("FP32/FP16S", 76.0)):
+        rows[1].update(storage=storage, bytes_per_cell=nbytes)
+        checks = lbm_performance.evaluate_checks(rows, [20.0, 21.0])
+        assert checks["bytes_per_cell_consistent"] is True, storage
 
 
 @pytest.fixture(scope="module")

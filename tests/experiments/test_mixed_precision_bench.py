@@ -93,6 +93,23 @@ def test_overhead_inside_the_noise_fails_as_unresolved(
     assert data["ratios"]["bf16+dynamic / bf16"]["resolution"] == pytest.approx(0.08)
 
 
+def test_an_unresolved_overhead_is_reported_to_the_main_job_as_unresolved(
+    tiny_results, monkeypatch, tmp_path
+):
+    results = _with_overhead(tiny_results, 0.97, 1.00, 1.08)
+    monkeypatch.setattr(mpb, "measure", lambda settings, seed: results)
+    out = mpb.run(tmp_path, scale="tiny")
+    assert out["checks"]["dynamic_overhead_le_5pct"] is False
+    assert out["unresolved"] == {
+        "dynamic_overhead_le_5pct": "median 1, 95% interval 0.97-1.08 straddles <= 1.05"
+    }
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "- dynamic_overhead_le_5pct: unresolved (machine load), median 1" in report
+    missed = _with_overhead(tiny_results, 1.06, 1.07, 1.08)  # a real miss
+    monkeypatch.setattr(mpb, "measure", lambda settings, seed: missed)
+    assert mpb.run(tmp_path, scale="tiny")["unresolved"] == {}
+
+
 def test_overhead_resolved_below_target_passes(tiny_results, monkeypatch, capsys):
     results = _with_overhead(tiny_results, 0.99, 1.00, 1.01)
     monkeypatch.setattr(mpb, "measure", lambda settings, seed: results)

@@ -110,3 +110,51 @@ def test_run_refuses_an_out_dir_under_a_file(tmp_path, capsys, monkeypatch):
         main(argv)
     assert exc.value.code == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_run_creates_out_before_the_run_and_refuses_one_it_cannot(
+    tmp_path, capsys, monkeypatch
+):
+    import lbm_jax.cases as cases
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the case ran before --out was created")
+
+    monkeypatch.setattr(cases, "run_case", no_run)
+    # an existing, writable ancestor (as root, /proc passes os.access) under which
+    # no folder can be made: refused before anything runs
+    argv = ["run", "cavity", "--n", "16", "--steps", "2", "--out", "/proc/x/y"]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--out '/proc/x/y' cannot be created" in err
+    assert "usage: python -m lbm_jax run" in err  # the subcommand's usage
+    made = tmp_path / "a" / "b"
+    with pytest.raises(AssertionError, match="ran before"):
+        main(["run", "cavity", "--n", "16", "--steps", "2", "--out", str(made)])
+    assert made.is_dir()  # created before the run started
+
+
+def test_a_grid_beyond_the_memory_is_refused_with_the_bytes_per_cell(
+    capsys, monkeypatch
+):
+    from lbm_jax.cases import _common, prepare_case
+
+    with pytest.raises(SystemExit) as exc:  # 1e10 cells: a terabyte
+        main(["run", "cavity", "--n", "100000", "--out", "unused"])
+    assert exc.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "at 109 bytes per cell (D2Q9, FP32/FP32 storage)" in err
+    assert "Lower --n" in err
+    # the threshold itself, on both sides: D2Q9 FP32 128^2 needs 130^2 * 109 B
+    need = 130 * 130 * 109
+    for free, refused in ((need - 1, True), (need, False)):
+        monkeypatch.setattr(_common, "available_memory", lambda f=free: (f, "test"))
+        setup = prepare_case("cavity", n=128)
+        try:
+            _common.check_memory(setup, floor=0)
+        except ValueError as err:
+            assert refused and "109 bytes per cell" in str(err), err
+        else:
+            assert not refused

@@ -149,6 +149,21 @@ def test_capsule_writes_membrane_fields_and_figures(small_capsule):
     assert summary["taylor_deformation"] == pytest.approx(float(fields["D"][-1]))
 
 
+def test_a_short_capsule_run_leaves_steady_figures_unset_and_says_why(small_capsule):
+    # 60 steps are 0.9 relaxation times: neither D_inf nor the rate is known yet
+    summary = small_capsule[0].summary
+    tau_r = summary["relaxation_time"]
+    assert 60 < tau_r < 5 * 60
+    for key in ("deformation_error", "deformation_fit", "relaxation_rate"):
+        assert summary[key] is None, key
+    assert summary["relaxation_rate_error"] is None
+    assert summary["taylor_deformation"] is not None  # measured, not fitted
+    steady, rate = summary["warnings"]
+    assert "too short for the steady deformation" in steady
+    assert f"steps={math.ceil(5 * tau_r)}" in steady
+    assert "too short to fit the relaxation rate" in rate
+
+
 def test_fit_relaxation_recovers_a_noisy_law():
     t = np.arange(0.0, 2000.0, 25.0)
     noise = np.random.default_rng(0).normal(0.0, 1e-4, t.size)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from lbm_jax.__main__ import main
+from lbm_jax.__main__ import build_parser, main
 from lbm_jax.cases import CASE_INFO, CASES, CLI_OPTIONS, case_defaults, prepare_case
 
 SUMMARY_KEYS = {"case", "lattice", "storage", "shift", "steps", "u_ref", "mlups"}
@@ -161,6 +161,47 @@ def test_cli_run_help_says_what_n_means_and_the_defaults_per_case(capsys):
     assert cylinder["n"] == prepare_case("cylinder").n == 20
     assert "--re 100, --collision bgk, --u-ref 0.05, --run-times 60" in text
     assert "--lattice LATTICE lattice (D2Q9, D3Q19, D3Q27;" in text
+
+
+def test_cli_summary_says_what_n_meant_for_this_run_only(tmp_path, capsys):
+    # the 3-D default of the cavity belongs to --help, not to a 2-D run's summary
+    argv = ["run", "cavity", "--n", "8", "--steps", "2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "--n 8 = cavity side (cells), Re 100\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "cavity --n 128 = cavity side (cells) [32 by default on a 3-D lattice]" in text
+    )
+
+
+def test_capillary_wave_refusal_names_flags_that_exist(tmp_path, capsys):
+    argv = ["run", "capillary_wave", "--steps", "5", "--out", str(tmp_path / "w")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "the frequency fit needs at least 8: give --steps >=" in err
+    assert "raise samples" not in err  # no such flag
+    usage = build_parser().commands["run"].format_usage()
+    named = set(re.findall(r"--[a-z-]+", err))
+    assert named and all(flag in usage for flag in named), named
+
+
+def test_raindrop_summary_line_shows_whether_tau_was_raised():
+    from types import SimpleNamespace
+
+    from lbm_jax.__main__ import _short_summary
+
+    summary = {
+        "case": "raindrop", "lattice": "D3Q19", "n": 20, "steps": 10, "shift": True,
+        "storage": "FP32/FP32", "collision": "bgk", "mlups": 1.0, "warnings": [],
+        "crown_exponent": None, "time_ms": 0.5, "tau_raised": True,
+    }  # fmt: skip
+    fields = {"rho": np.zeros((4, 4, 4))}
+    text = _short_summary(SimpleNamespace(summary=summary, fields=fields), 1.0)
+    assert "tau_raised yes" in text and "crown_exponent n/a" in text
 
 
 def test_cli_bench_help_lists_the_lattices(capsys):

@@ -243,6 +243,7 @@ def test_simulation_kernel_choice_and_bad_input():
         assert sim.kernel == expected
         states[kernel] = np.asarray(sim.advance(sim.init(u=u), 5).f)
     _assert_bits_equal(states["auto"], states["xla"])
+    _assert_bits_equal(states["native"], states["xla"])
     # uncovered configurations fall back under "auto" and are refused under "native"
     assert Simulation("D3Q19", shape, tau=0.6, storage="posit16").kernel == "xla"
     with pytest.raises(ValueError, match="kernel='native' is not available"):

@@ -105,6 +105,10 @@ def test_resume_with_other_options_or_nothing_to_resume_exits_2(tmp_path, capsys
     assert info.value.code == 2
     assert "--checkpoint-every must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit) as info:  # finished: its outputs stay as they are
+        main(["run", "--resume", str(out)])
+    assert info.value.code == 2
+    assert "finished run" in capsys.readouterr().err
 
 
 def test_resume_refuses_another_code_version(tmp_path):
@@ -117,11 +121,16 @@ def test_resume_refuses_another_code_version(tmp_path):
         run_case("poiseuille", n=8, steps=200, out_dir=out, resume=True)
 
 
-def test_case_api_resume_continues_and_finished_runs_return_at_once(tmp_path):
+def test_case_api_resume_of_a_finished_run_is_refused_unless_overwrite(tmp_path):
     out = tmp_path / "tg"
     kwargs = dict(n=16, steps=120, storage="fp16c", checkpoint_every=40)
     first = run_case("taylor_green", out_dir=out, **kwargs)
-    again = run_case("taylor_green", out_dir=out, resume=True, **kwargs)
+    written = {p.name: p.stat().st_mtime_ns for p in first.files}
+    # a finished run is not analysed and written again unless asked
+    with pytest.raises(lbm_jax.ResumeError, match="finished run.*overwrite=True"):
+        run_case("taylor_green", out_dir=out, resume=True, **kwargs)
+    assert {p.name: p.stat().st_mtime_ns for p in first.files} == written
+    again = run_case("taylor_green", out_dir=out, resume=True, overwrite=True, **kwargs)
     assert again.summary["steps"] == first.summary["steps"] == 120
     np.testing.assert_array_equal(again.fields["u"], first.fields["u"])
     with pytest.raises(ValueError, match="need out_dir"):

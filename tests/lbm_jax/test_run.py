@@ -131,11 +131,25 @@ def test_steady_stop_ends_the_run_on_the_device():
     assert per_step.stats.steps == stats.steps
 
 
-def test_stop_without_observe_sees_the_state():
+def test_stop_sees_the_state():
     sim = Simulation("D2Q9", (8, 8), tau=0.8)
-    result = run(sim, sim.init(), 1000, sample_every=10, stop=lambda s, h: s.t >= 35)
+    result = run(
+        sim,
+        sim.init(),
+        1000,
+        observe=lambda s: s.t,
+        sample_every=10,
+        stop=lambda s, h: s.t >= 35,
+    )
     assert result.stats.stopped and int(result.state.t) == 40
-    assert result.samples is None
+    assert result.samples.values.tolist() == [10, 20, 30, 40]
+
+
+def test_stop_without_observe_is_refused():
+    # steady() without samples would compare nothing and never stop the run
+    sim = Simulation("D2Q9", (8, 8), tau=0.8)
+    with pytest.raises(ValueError, match="stop needs observe="):
+        run(sim, sim.init(), 1000, sample_every=10, stop=lbm_jax.steady(1e-3))
 
 
 def test_history_latest_reads_the_ring_buffer():
@@ -221,12 +235,12 @@ def test_run_validates_arguments(sim):
         run(sim, state, 10, every=2, callback="print")
     with pytest.raises(ValueError, match="observe and stop need sample_every"):
         run(sim, state, 10, observe=lambda s: s.t)
-    with pytest.raises(ValueError, match="sample_every needs observe or stop"):
+    with pytest.raises(ValueError, match="sample_every needs observe"):
         run(sim, state, 10, sample_every=5)
     with pytest.raises(ValueError, match="window must be at least 1"):
         run(sim, state, 10, observe=lambda s: s.t, sample_every=5, window=0)
     with pytest.raises(TypeError, match="stop must be callable"):
-        run(sim, state, 10, sample_every=5, stop=0.5)
+        run(sim, state, 10, observe=lambda s: s.t, sample_every=5, stop=0.5)
     with pytest.raises(ValueError, match="tol must be non-negative"):
         lbm_jax.steady(-1.0)
     assert not state.f.is_deleted()

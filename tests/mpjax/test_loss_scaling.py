@@ -376,14 +376,21 @@ def test_get_loss_scale_inside_multi_transform_and_ambiguity():
 
 def test_get_loss_scale_defaults_and_nesting():
     params = _params()
-    assert float(mpjax.get_loss_scale(optax.sgd(0.1).init(params))) == 1.0
     nested = optax.chain(
         optax.identity(), mpjax.dynamic_loss_scaling(optax.sgd(0.1), init_scale=64.0)
     )
     assert float(mpjax.get_loss_scale(nested.init(params))) == 64.0
     none = mpjax.no_loss_scaling(optax.sgd(0.1))
     assert float(mpjax.get_loss_scale(none.init(params))) == 1.0
-    assert mpjax.get_skipped_steps(optax.sgd(0.1).init(params)).dtype == jnp.int32
+    assert mpjax.get_skipped_steps(none.init(params)).dtype == jnp.int32
+
+
+@pytest.mark.parametrize("getter", [mpjax.get_loss_scale, mpjax.get_skipped_steps])
+def test_getters_refuse_a_state_without_loss_scaling(getter):
+    # a plain optimizer holds no scale: reading one would report a made-up 1.0
+    state = optax.chain(optax.identity(), optax.sgd(0.1)).init(_params())
+    with pytest.raises(ValueError, match="holds no loss-scaling state.*dynamic_loss"):
+        getter(state)
 
 
 # ------------------------------------------------------------- scaled_value_and_grad
@@ -572,13 +579,15 @@ def test_get_loss_scale_nnx_optimizer_follows_skipped_step():
 
 
 @pytest.mark.standard_promotion
-def test_get_loss_scale_nnx_optimizer_without_loss_scaling_is_one():
+def test_get_loss_scale_nnx_optimizer_without_loss_scaling_raises():
     from flax import nnx
 
     model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-    assert float(mpjax.get_loss_scale(optimizer)) == 1.0
-    assert int(mpjax.get_skipped_steps(optimizer.opt_state)) == 0
+    with pytest.raises(ValueError, match="no loss-scaling state"):
+        mpjax.get_loss_scale(optimizer)
+    with pytest.raises(ValueError, match="no loss-scaling state"):
+        mpjax.get_skipped_steps(optimizer.opt_state)
 
 
 @pytest.mark.parametrize("bad", [None, 3.0, 7, "adam", jnp.ones(2), object()])
