@@ -399,8 +399,13 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "inclination_deg": math.degrees(float(samples["theta"][-1]))
         if t.size
         else math.nan,
-        "volume_drift": float(np.max(np.abs(samples["volume"] / v0 - 1.0))),
-        "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0))),
+        # a run shorter than one sampling interval has no samples
+        "volume_drift": float(np.max(np.abs(samples["volume"] / v0 - 1.0)))
+        if t.size
+        else math.nan,
+        "area_drift": float(np.max(np.abs(samples["area"] / a0 - 1.0)))
+        if t.size
+        else math.nan,
         "shear_rate": gamma,
         "shear_modulus": membrane.shear_modulus,
         "stopped_early": result.stats.stopped,
