@@ -319,3 +319,24 @@ def test_policy_apply_rejects_non_callables_and_bad_policies():
         mpjax.policy_apply({}, "float32")
     with pytest.raises(ValueError, match="policy"):
         mpjax.policy_apply(lambda p, x: x, "p=f32,c=f17")
+
+
+def test_apply_policy_fuses_attention_unless_dropout_or_sow(gqa, x, monkeypatch):
+    calls = []
+    fused = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("implementation"))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    h = x[..., :4].repeat(2, axis=-1)
+    mixed = mpjax.apply_policy(gqa, "mixed_bfloat16")
+    out = mixed(h, is_causal=True)
+    # the CPU has no cuDNN: XLA's implementation, float32 logits and softmax
+    assert calls == ["xla"] and out.dtype == F32
+    # the weights are wanted: Flax's unfused path
+    nnx.capture(lambda m, h: m(h, sow_weights=True), nnx.Intermediate)(mixed, h)
+    narrow = mpjax.apply_policy(gqa, "mixed_bfloat16", attention_softmax_dtype="bf16")
+    narrow(h)  # a 16-bit softmax was asked for: unfused as well
+    assert calls == ["xla"]
