@@ -30,14 +30,17 @@ and the main policy at the root. Then, per module:
    ``attention_softmax_dtype`` is float32 and no dropout is active and no weights
    are sown, and Flax's own attention weights in ``attention_softmax_dtype``
    otherwise;
-5. at the root, and at every module whose override differs from the policy of its
-   parent, ``__call__`` casts floating-point positional arguments to the compute
-   dtype and its outputs to the output dtype. This is done by giving the copy a
-   subclass of its own class, so ``isinstance`` checks, attribute paths and the
-   state tree (``nnx.split``/``nnx.state``) are exactly those of the original.
+5. the output is cast to the policy's output dtype at the root: the copy's root
+   is a fresh instance of a subclass of the root's class whose ``__call__`` casts
+   floating-point positional arguments to the compute dtype and the outputs to
+   the output dtype, so ``isinstance`` checks, attribute paths and the state tree
+   (``nnx.split``/``nnx.state``) are exactly those of the original. No object's
+   class is ever reassigned, and no module inside the model is replaced: inside,
+   every layer casts its own operands (step 2), so a module under an override
+   returns what its layers compute in the override's compute dtype.
 
-Only ``__call__`` is wrapped at the policy boundaries; other methods still run in
-the dtypes set on the layers but return whatever the layers produce.
+Only the root's ``__call__`` is wrapped; its other methods still run in the dtypes
+set on the layers but return whatever the layers produce.
 """
 
 from __future__ import annotations
@@ -176,8 +179,8 @@ class _PolicyAttention:
 
     Queries, keys and values are promoted to the compute dtype. With a float32
     ``softmax_dtype``, no active dropout, no weights to sow and no explicit
-    precision, the attention is fused (:func:`jax.nn.dot_product_attention`, see
-    `_fused_attention`). Otherwise Flax's own
+    precision (and, for float16, on a GPU), the attention is fused
+    (:func:`jax.nn.dot_product_attention`, see `_fused_attention`). Otherwise Flax's own
     :func:`flax.nnx.nn.attention.dot_product_attention_weights` computes the
     weights from queries and keys in ``softmax_dtype`` (logits, mask, softmax,
     dropout and the sown weights in that dtype), and they multiply the values in
@@ -208,7 +211,11 @@ class _PolicyAttention:
         query, key, value = promote_dtype((query, key, value), dtype=dtype)
         dropout = not deterministic and dropout_rate > 0.0
         wide = self.softmax_dtype
-        if wide == jnp.float32 and not dropout and module is None and not precision:
+        # jax.nn's XLA attention asks for F16_F16_F32 products, which only GPUs
+        # lower (the CPU and TPU refuse them at compile time)
+        f16_ok = query.dtype != jnp.float16 or jax.default_backend() == "gpu"
+        plain = not dropout and module is None and not precision
+        if wide == jnp.float32 and plain and f16_ok:
             return _fused_attention(query, key, value, bias, mask, is_causal)
         weights = nnx.nn.attention.dot_product_attention_weights(
             query.astype(wide),
@@ -264,6 +271,15 @@ def _policy_class(cls: type) -> type:
             "_mpjax_original_class": cls,
         },
     )
+
+
+def _with_output_cast(module: _M, policy: Policy) -> _M:
+    """A new instance of the policy subclass of ``module``'s class holding
+    ``module``'s attributes (``module`` itself, a fresh copy, is dropped)."""
+    root = object.__new__(_policy_class(_original_class(type(module))))
+    vars(root).update(vars(module))
+    root.mpjax_policy = policy
+    return root
 
 
 def _check_overrides(overrides: Any) -> dict[type, Policy]:
@@ -353,8 +369,8 @@ def apply_policy(
 
     Returns:
         A policy-applied copy of ``model``, an instance of a subclass of its class
-        with the same attributes and state paths. Parameters of the copy share no
-        state with ``model``.
+        (whose ``__call__`` casts to the output dtype) with the same attributes
+        and state paths. Parameters of the copy share no state with ``model``.
 
     Raises:
         TypeError: ``model`` is not an NNX module, an override key is not an NNX
@@ -401,9 +417,6 @@ def apply_policy(
         chosen = parent if own is None else own
         effective[path] = chosen
         _configure(module, chosen, softmax_dtype)
-        if path == () or chosen != parent:
-            module.__class__ = _policy_class(_original_class(type(module)))
-            module.mpjax_policy = chosen
 
     for path, node in nodes:
         if isinstance(node, nnx.Param):
@@ -417,7 +430,7 @@ def apply_policy(
                 node.set_value(value.astype(owner.param_dtype))
     if fp8 is not None:
         attach_fp8(copy, fp8)
-    return copy
+    return _with_output_cast(copy, effective[()])
 
 
 def policy_apply(

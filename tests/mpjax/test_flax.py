@@ -339,4 +339,8 @@ def test_apply_policy_fuses_attention_unless_dropout_or_sow(gqa, x, monkeypatch)
     nnx.capture(lambda m, h: m(h, sow_weights=True), nnx.Intermediate)(mixed, h)
     narrow = mpjax.apply_policy(gqa, "mixed_bfloat16", attention_softmax_dtype="bf16")
     narrow(h)  # a 16-bit softmax was asked for: unfused as well
+    # float16: XLA's attention needs F16_F16_F32 products, which the CPU does not
+    # compile; unfused here, and it compiles
+    half = mpjax.apply_policy(gqa, "mixed_float16")
+    assert nnx.jit(lambda m, h: m(h))(half, h).dtype == F32
     assert calls == ["xla"]
