@@ -10,19 +10,9 @@ import pytest
 from flax import nnx
 
 import mpjax
+from experiments._jaxpr import equations
 
 BF16, F16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)
-
-
-def _eqns(jaxpr):
-    """All equations of a jaxpr, recursing into sub-jaxprs (pjit, custom_jvp, ...)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
 
 
 def _ops(fn, *args):
@@ -34,7 +24,7 @@ def _ops(fn, *args):
             tuple(v.aval.dtype for v in eqn.invars if hasattr(v.aval, "dtype")),
             tuple(v.aval.dtype for v in eqn.outvars),
         )
-        for eqn in _eqns(closed.jaxpr)
+        for eqn in equations(closed.jaxpr)
     ]
 
 

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import mpjax
+from experiments._jaxpr import equations
 from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue, fp8_loss
 from mpjax._fp8_ops import Fp8DotGeneral
 from mpjax._fp8_optim import fp8_delayed_scaling, update_fp8_meta
@@ -156,21 +157,11 @@ def test_fp8_formats_appear_in_forward_and_backward():
 def _producers(jaxpr):
     """``{var: eqn}`` of a jaxpr and of its sub-jaxprs, with every dot_general."""
     producers, dots = {}, []
-    for eqn in _eqns(jaxpr):
+    for eqn in equations(jaxpr):
         producers.update({v: eqn for v in eqn.outvars})
         if eqn.primitive.name == "dot_general":
             dots.append(eqn)
     return producers, dots
-
-
-def _eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
 
 
 def _fp8_source(var, producers):
