@@ -184,7 +184,7 @@ def report(
             if key
             else "peak: device not in the table; "
         )
-        + f"a bf16 {s['matmul_n']}^3 matmul measured {results['matmul_tflops']:.1f} "
+        + f"a bf16 {s['matmul_n']}^3 matmul measured {results['matmul_tflops']:.3g} "
         f"TFLOP/s in this run. Whole run {results['wall_s']:.0f} s.",
         "",
         _table(table),
@@ -198,11 +198,13 @@ def report(
     if results["backend"] == "cpu":
         lines += [
             "",
-            "On this CPU the mixed policies are slower than float32: XLA:CPU has no "
-            "16-bit matrix units and computes bfloat16 and float16 products in "
-            "float32 (the casts are extra work), and fp8 is emulated by quantising "
-            "and dequantising. The speed-ups are a tensor-core GPU effect; the "
-            "timings here only show the command runs.",
+            "On a CPU the mixed policies are slower than float32 (the `amp` "
+            "pipeline measures it at its quick scale): XLA:CPU has no 16-bit matrix "
+            "units and computes bfloat16 and float16 products in float32 (the "
+            "casts are extra work), and fp8 is emulated by quantising and "
+            "dequantising. The speed-ups are a tensor-core GPU effect. At the tiny "
+            "scale a step is a few milliseconds of dispatch and scheduling noise, "
+            "so the timings above only show that the command runs.",
         ]
     if results["skipped"]:
         lines += ["", f"Left out for the time budget: {', '.join(results['skipped'])}."]

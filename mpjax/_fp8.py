@@ -10,7 +10,9 @@ dtype are reused here.
 How the state moves. A layer converted by ``mpjax.apply_policy(model, policy,
 fp8=Fp8Config(...))`` holds one :class:`Fp8Meta` variable per matrix product whose
 value is a :class:`Fp8MetaValue`: the three scales and amax histories (rows
-``lhs``, ``rhs``, ``grad``) and a float32 ``amax`` field that is always zero. The
+``lhs``, ``rhs``, ``grad``), a float32 ``amax`` field that is always zero and, as
+static pytree metadata, the :class:`Fp8Config` itself (the one copy the optimizer
+wrapper reads, so it cannot use another margin or format). The
 forward pass quantises with the stored scales (those of the previous steps) and
 the backward pass returns the amaxes it measured *as the gradient of* ``amax``.
 :func:`mpjax.fp8_delayed_scaling` wraps the optimizer, keeps these variables
@@ -26,10 +28,11 @@ exact in two's-complement integers but not in floating point. Read them with
 the divisor of the quantiser, ``x_fp8 = x / scale`` (the reciprocal of Transformer
 Engine's ``scale``): ``scale = max(amax_history) * 2**margin / fp8_max``.
 
-On a CPU the fp8 formats are emulated: operands are quantised to fp8 and
-dequantised to the compute dtype, and the product runs in the compute dtype. On
-GPUs with fp8 tensor cores (H100 and later) XLA rewrites the dequantise-then-dot
-pattern into an fp8 matrix product.
+Every product receives its operands as ``convert(f8 operand) * scale`` in the
+compute dtype, right before ``dot_general``. On GPUs with fp8 tensor cores (H100
+and later) XLA rewrites that pattern into a cuBLASLt fp8 matrix product
+(``__cublas$lt$matmul$f8``); on a CPU the fp8 formats are emulated and the product
+runs in the compute dtype.
 """
 
 from __future__ import annotations
