@@ -54,7 +54,11 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         for config, run in runs.items():
             if run is None:
                 continue
-            tflops = run["traced_flops"] / (run["step_ms"] * 1e-3) / 1e12
+            # the float32 step's products: the model's work, the same for every
+            # configuration (fp8's traced backward also replays its forward
+            # product, which XLA removes)
+            work = (base or run)["traced_flops"]
+            tflops = work / (run["step_ms"] * 1e-3) / 1e12
             peak = peaks.get("bf16")
             out.append(
                 {

@@ -57,9 +57,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import mpjax
 from experiments import _amp_gpu_report, _framework, _models
-from experiments._amp_train import POLICIES, _bind, _memory_stats, device_peak
+from experiments._amp_train import POLICIES, build_step, device_peak, memory_stats
 from experiments._jaxpr import matmul_flops
 
 __all__ = ["CONFIGS", "Settings", "main", "measure", "settings_for"]
@@ -160,18 +159,11 @@ def _networks(s: Settings, seed: int) -> dict[str, tuple[nnx.Module, Callable, A
 
 def _step(model: nnx.Module, loss: Callable, config: str, s: Settings):
     """``(step(state, batch), state)`` of ``model`` under ``config``, not jitted."""
-    recipe = POLICIES[CONFIGS[config][0]]
-    policy = mpjax.get_policy(recipe.policy)
     task = types.SimpleNamespace(model=model, loss=loss, metric=None)
-    loss_fn, params, _ = _bind(task, policy, recipe.fp8)
-    optimizer = recipe.optimizer(s.learning_rate, s.warmup + s.steps)
-    if recipe.fp8 is not None:
-        optimizer = mpjax.fp8_delayed_scaling(optimizer)
-        loss_fn = mpjax.fp8_loss(loss_fn)
-    step = mpjax.make_train_step(loss_fn, optimizer, policy)
-    # a copy: the step donates its state, which may share buffers with the model
-    params = jax.tree.map(jnp.copy, params)
-    return step, mpjax.TrainState.create(params, optimizer)
+    recipe = POLICIES[CONFIGS[config][0]]
+    step, state, _, _ = build_step(task, recipe, s.learning_rate, s.warmup + s.steps)
+    # a copy: the step donates its state, which shares buffers with the model
+    return step, jax.tree.map(jnp.copy, state)
 
 
 def fp8_gemms(hlo: str) -> dict[str, int]:
@@ -223,7 +215,7 @@ def _compile_all(lowered: dict[str, Any], workers: int) -> dict[str, Any]:
 def _run(net: tuple, config: str, compiled: Any, s: Settings) -> dict[str, Any]:
     """Times one compiled step from a fresh state."""
     model, loss, batch = net
-    before = _memory_stats()
+    before = memory_stats()
     with jax.numpy_dtype_promotion("standard"):
         _, state = _step(model, loss, config, s)
     analysis = compiled.memory_analysis()
@@ -235,7 +227,7 @@ def _run(net: tuple, config: str, compiled: Any, s: Settings) -> dict[str, Any]:
         if i >= s.warmup:
             times.append(time.perf_counter() - start)
         losses.append(float(metrics["loss"]))
-    peak, exact = device_peak(before, _memory_stats())
+    peak, exact = device_peak(before, memory_stats())
     del state
     return {
         "step_ms": 1e3 * statistics.median(times),
