@@ -161,6 +161,37 @@ def _bind(
     return loss_fn, params, metric_fn
 
 
+def build_step(
+    task: Any, recipe: Recipe, learning_rate: float, steps: int
+) -> tuple[Callable, mpjax.TrainState, Callable, Callable | None]:
+    """The train step of ``task.model`` under ``recipe``, not jitted.
+
+    The model goes through :func:`mpjax.apply_policy` (with the recipe's fp8; the
+    loss then goes through :func:`mpjax.fp8_loss` and the optimizer through
+    :func:`mpjax.fp8_delayed_scaling`, which reads the model's config) and the
+    step is :func:`mpjax.make_train_step`.
+
+    Args:
+        task: anything with ``model``, ``loss(model, batch)`` and ``metric``
+            (a :class:`experiments._amp_tasks.Metric` or ``None``).
+        recipe: the configuration.
+        learning_rate: passed to ``recipe.optimizer``.
+        steps: the run's length, passed to ``recipe.optimizer``.
+
+    Returns:
+        ``(step, initial state, loss_fn(params, batch), metric_fn or None)``.
+    """
+    policy = mpjax.get_policy(recipe.policy)
+    loss_fn, params, metric_fn = _bind(task, policy, recipe.fp8)
+    optimizer = recipe.optimizer(learning_rate, steps)
+    train_loss = loss_fn
+    if recipe.fp8 is not None:
+        optimizer = mpjax.fp8_delayed_scaling(optimizer)
+        train_loss = mpjax.fp8_loss(loss_fn)
+    step = mpjax.make_train_step(train_loss, optimizer, policy)
+    return step, mpjax.TrainState.create(params, optimizer), loss_fn, metric_fn
+
+
 def _evaluate(
     task: Task,
     policy: mpjax.Policy,
@@ -219,7 +250,7 @@ def device_peak(
     return peak - int(before["bytes_in_use"]), exact
 
 
-def _memory_stats() -> Mapping[str, int] | None:
+def memory_stats() -> Mapping[str, int] | None:
     """Allocator statistics of the default device (``None`` on CPU)."""
     return jax.devices()[0].memory_stats()
 
@@ -246,16 +277,11 @@ def train(task: Task, policy: str, *, steps: int | None = None) -> RunRecord:
     steps = total if steps is None else steps
     if not 1 <= steps <= total:
         raise ValueError(f"steps must be in [1, {total}], got {steps}.")
-    stats_before = _memory_stats()
+    stats_before = memory_stats()
     mp_policy = mpjax.get_policy(recipe.policy)
-    loss_fn, params, metric_fn = _bind(task, mp_policy, recipe.fp8)
-    optimizer = recipe.optimizer(task.learning_rate, steps)
-    train_loss = loss_fn
-    if recipe.fp8 is not None:
-        optimizer = mpjax.fp8_delayed_scaling(optimizer, recipe.fp8)
-        train_loss = mpjax.fp8_loss(loss_fn)
-    step = mpjax.make_train_step(train_loss, optimizer, mp_policy)
-    state = mpjax.TrainState.create(params, optimizer)
+    step, state, loss_fn, metric_fn = build_step(
+        task, recipe, task.learning_rate, steps
+    )
 
     def batch_at(i: int) -> tuple[jax.Array, ...]:
         return jax.block_until_ready(tuple(jax.device_put(a[i]) for a in task.batches))
@@ -281,7 +307,7 @@ def train(task: Task, policy: str, *, steps: int | None = None) -> RunRecord:
         times.append(time.perf_counter() - start)
         metrics.append(m)
     host = jax.device_get(metrics)
-    peak_bytes, peak_exact = device_peak(stats_before, _memory_stats())
+    peak_bytes, peak_exact = device_peak(stats_before, memory_stats())
     eval_loss, eval_metric = _evaluate(
         task, mp_policy, loss_fn, metric_fn, state.params
     )

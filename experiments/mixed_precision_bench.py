@@ -56,8 +56,19 @@ import optax
 
 import mpjax
 from experiments import _framework
-from experiments._report import checks_section, markdown_table, new_figure, save_figure
-from experiments._stats import LEVEL, median_interval, verdict
+from experiments._jaxpr import equations
+from experiments._mixed_precision_report import (
+    JMP_RATIO,
+    OVERHEAD,
+    overhead_summary,
+    ratio_table,
+    step_figure,
+    step_table,
+    unresolved,
+    verdicts,
+    write_report,
+)
+from experiments._stats import LEVEL, median_interval
 
 __all__ = [
     "Settings",
@@ -75,16 +86,6 @@ VARIANTS: tuple[str, ...] = (
     "f16+dynamic",
     "jmp pattern",
 )
-OVERHEAD_TARGET = 1.05  # dynamic scaling vs the same policy without scaling
-JMP_SPEEDUP_TARGET = 1.4  # jmp pattern time / bf16+dynamic time
-#: The checked ratios ("numerator / denominator"), each timed in its own pairs.
-OVERHEAD = "bf16+dynamic / bf16"
-JMP_RATIO = "jmp pattern / bf16+dynamic"
-#: Checked ratios: check name -> (ratio, limit, whether the ratio must be <= it).
-_TARGETS: dict[str, tuple[str, float, bool]] = {
-    "dynamic_overhead_le_5pct": (OVERHEAD, OVERHEAD_TARGET, True),
-    "jmp_pattern_ge_1.4x_slower": (JMP_RATIO, JMP_SPEEDUP_TARGET, False),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,19 +291,15 @@ def _paired(
 
 def _matmul_operand_dtypes(step: Callable, state: Any, batch: Any) -> list[str]:
     """Distinct operand dtypes of every dot_general in the traced step."""
-
-    def walk(jaxpr: Any) -> Any:
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "dot_general":
-                yield from (str(v.aval.dtype) for v in eqn.invars)
-            for param in eqn.params.values():
-                subs = param if isinstance(param, tuple | list) else (param,)
-                for sub in subs:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from walk(inner)
-
-    return sorted(set(walk(jax.make_jaxpr(step)(state, batch).jaxpr)))
+    jaxpr = jax.make_jaxpr(step)(state, batch)
+    return sorted(
+        {
+            str(v.aval.dtype)
+            for eqn in equations(jaxpr)
+            if eqn.primitive.name == "dot_general"
+            for v in eqn.invars
+        }
+    )
 
 
 def _memory(compiled: Any) -> dict[str, int | None]:
@@ -429,183 +426,9 @@ def _checks(results: dict[str, Any]) -> dict[str, bool]:
         ),
     }
     if results["settings"]["timing_checks"]:
-        for check, result in _verdicts(ratios).items():
+        for check, result in verdicts(ratios).items():
             checks[check] = result == "met"
     return checks
-
-
-def _verdicts(ratios: dict[str, Any]) -> dict[str, str]:
-    """The `verdict` of every checked ratio's interval, by check name."""
-    out = {}
-    for check, (name, limit, at_most) in _TARGETS.items():
-        r = ratios[name]
-        out[check] = verdict(r["low"], r["high"], limit, at_most=at_most)
-    return out
-
-
-def _unresolved(results: dict[str, Any]) -> dict[str, str]:
-    """The timing checks whose interval straddles their target: check -> the
-    interval in words (the machine's load, not the code, left them open)."""
-    if not results["settings"]["timing_checks"]:
-        return {}
-    out = {}
-    for check, result in _verdicts(results["ratios"]).items():
-        name, limit, at_most = _TARGETS[check]
-        r = results["ratios"][name]
-        if result == "unresolved":
-            out[check] = (
-                f"median {r['median']:.3g}, {LEVEL:.0%} interval "
-                f"{r['low']:.3g}-{r['high']:.3g} straddles "
-                f"{'<=' if at_most else '>='} {limit:g}"
-            )
-    return out
-
-
-def _ratio_table(results: dict[str, Any]) -> str:
-    verdicts = _verdicts(results["ratios"])
-    checked = {
-        name: (f"{'<=' if at_most else '>='} {limit:g}", verdicts[check])
-        for check, (name, limit, at_most) in _TARGETS.items()
-    }
-    rows = [
-        [
-            name,
-            f"{r['median']:.3f}",
-            f"[{r['low']:.3f}, {r['high']:.3f}]",
-            f"+-{100 * r['resolution']:.1f} %",
-            r["rounds"],
-            *checked.get(name, ("", "")),
-        ]
-        for name, r in results["ratios"].items()
-    ]
-    return markdown_table(
-        [
-            "ratio (paired)",
-            "median",
-            f"{LEVEL:.0%} interval",
-            "resolution",
-            "rounds",
-            "target",
-            "interval vs target",
-        ],
-        rows,
-    )
-
-
-def _overhead_summary(results: dict[str, Any]) -> str:
-    """One sentence: the overhead figure, its resolution and its verdict."""
-    r = results["ratios"][OVERHEAD]
-    result = _verdicts(results["ratios"])["dynamic_overhead_le_5pct"]
-    text = (
-        f"Loss-scaling overhead {OVERHEAD} = {r['median']:.3f} (median of "
-        f"{r['rounds']} paired rounds; {r['level']:.0%} interval "
-        f"[{r['low']:.3f}, {r['high']:.3f}], resolution +-{100 * r['resolution']:.1f} "
-        f"%, so a 2 % overhead {'is' if r['resolution'] < 0.02 else 'is not'} "
-        f"resolved); target <= {OVERHEAD_TARGET:g}: "
-    )
-    if result == "unresolved":
-        return text + (
-            f"unresolved, the interval straddles {OVERHEAD_TARGET:g}: this "
-            "measurement cannot tell (more pairs or a quieter machine)."
-        )
-    return text + f"{result}."
-
-
-def _table(results: dict[str, Any]) -> str:
-    def mib(n: int | None) -> float | None:
-        return None if n is None else n / 2**20
-
-    return markdown_table(
-        [
-            "variant",
-            "step ms",
-            "vs float32",
-            "matmul dtype",
-            "temp MiB",
-            "args MiB",
-            "state MiB",
-            "loss first",
-            "loss last",
-        ],
-        [
-            [
-                r["variant"],
-                r["step_ms"],
-                r["vs_float32"],
-                ",".join(r["matmul_dtypes"]),
-                mib(r["memory"]["temp_size_in_bytes"]),
-                mib(r["memory"]["argument_size_in_bytes"]),
-                mib(r["memory"]["state_bytes"]),
-                r["loss_first"],
-                r["loss_last"],
-            ]
-            for r in results["rows"]
-        ],
-    )
-
-
-def _figure(results: dict[str, Any], out_dir: Path) -> Path:
-    fig, axes = new_figure(1, 2, size=(5.0, 3.6))
-    names = [r["variant"] for r in results["rows"]]
-    x = np.arange(len(names))
-    for i, r in enumerate(results["rows"]):
-        axes[0, 0].scatter(
-            np.full(len(r["samples_ms"]), i), r["samples_ms"], s=8, color="0.6"
-        )
-    axes[0, 0].bar(x, [r["step_ms"] for r in results["rows"]], alpha=0.7)
-    axes[0, 0].set_ylabel("step time [ms] (median, samples)")
-    temp = [(r["memory"]["temp_size_in_bytes"] or 0) / 2**20 for r in results["rows"]]
-    axes[0, 1].bar(x, temp, alpha=0.7)
-    axes[0, 1].set_ylabel("XLA temp buffers [MiB]")
-    for ax in axes[0]:
-        ax.set_xticks(x, names, rotation=30, ha="right")
-    return save_figure(fig, out_dir / "step_time.png")
-
-
-def _report(
-    out_dir: Path,
-    scale: str,
-    table: str,
-    results: dict[str, Any],
-    checks: dict,
-    unresolved: dict[str, str],
-) -> None:
-    s = results["settings"]
-    lines = [
-        "# Mixed-precision train-step benchmark",
-        "",
-        f"Scale **{scale}**: MLP of {s['layers']} dense {s['width']}x{s['width']} "
-        f"layers, batch {s['batch']}, Adam; median of {s['repeats']} repeats of "
-        f"{s['steps_per_repeat']} step(s) after warm-up, variants timed round-robin "
-        "in one process, state donated; then, for the checked ratios, "
-        f"{s['overhead_pairs']} paired rounds of {OVERHEAD} and {s['jmp_pairs']} of "
-        f"{JMP_RATIO}, each pair alone and in alternating order.",
-        "",
-        table,
-        "",
-        "## Ratios",
-        "",
-        "Each ratio is the median of per-round ratios; the interval is the "
-        f"distribution-free {LEVEL:.0%} interval of that median (order statistics), "
-        "the resolution its larger half-width relative to the median. A target is "
-        "met when the whole interval meets it, missed when none of it does, and "
-        "unresolved otherwise.",
-        "",
-        _ratio_table(results),
-        "",
-        _overhead_summary(results),
-        "",
-        f"Targets: {OVERHEAD} <= {OVERHEAD_TARGET}; jmp pattern / "
-        f"bf16+dynamic >= {JMP_SPEEDUP_TARGET} (checked from the quick scale up). On "
-        "a CPU, XLA upcasts 16-bit matrix products to float32, so 16-bit policies "
-        "are slower than float32 here; the matmul dtypes above are read from the "
-        "traced program.",
-        "",
-        "![step time](step_time.png)",
-        "",
-        *checks_section(checks, unresolved),
-    ]
-    (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
 
 
 def run(
@@ -629,27 +452,25 @@ def run(
     env = _framework.capture_environment(seed=seed, scale=scale)
     results = measure(settings, seed=seed)
     checks = _checks(results)
-    unresolved = _unresolved(results)
-    table = _table(results)
-    _figure(results, out_dir)
+    open_checks = unresolved(results)
+    table = step_table(results)
+    step_figure(results, out_dir)
     _framework.write_json(
         out_dir / "results.json",
         {
             "pipeline": "mixed_precision_bench",
             **results,
-            "verdicts": _verdicts(results["ratios"]),
+            "verdicts": verdicts(results["ratios"]),
             "checks": checks,
-            "unresolved": unresolved,
+            "unresolved": open_checks,
             "environment": env,
         },
     )
-    _report(out_dir, scale, table, results, checks, unresolved)
+    write_report(out_dir, scale, table, results, checks, open_checks)
     return {
-        "table": "\n\n".join(
-            [table, _ratio_table(results), _overhead_summary(results)]
-        ),
+        "table": "\n\n".join([table, ratio_table(results), overhead_summary(results)]),
         "checks": checks,
-        "unresolved": unresolved,
+        "unresolved": open_checks,
         "rows": results["rows"],
         "ratios": results["ratios"],
         "scale": scale,
@@ -694,11 +515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = dataclasses.replace(settings, overhead_pairs=args.pairs)
     results = measure(settings, seed=args.seed)
     checks = _checks(results)
-    print(_table(results))
+    print(step_table(results))
     print()
-    print(_ratio_table(results))
+    print(ratio_table(results))
     print()
-    print(_overhead_summary(results))
+    print(overhead_summary(results))
     print()
     for name, ok in checks.items():
         print(f"{name}: {'pass' if ok else 'FAIL'}")
@@ -708,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json,
             {
                 **results,
-                "verdicts": _verdicts(results["ratios"]),
+                "verdicts": verdicts(results["ratios"]),
                 "checks": checks,
                 "environment": env,
             },

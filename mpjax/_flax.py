@@ -23,21 +23,24 @@ and the main policy at the root. Then, per module:
    dtype, even where a layer passes ``dtype=None``;
 3. floating-point :class:`flax.nnx.Param` values are cast to the param dtype (other
    variables, such as batch statistics and RNG state, are left alone);
-4. the default attention function of :class:`flax.nnx.MultiHeadAttention` is
-   replaced by one that accumulates the logits and takes the softmax in
-   ``attention_softmax_dtype`` (float32 unless told otherwise), then multiplies the
-   values in the compute dtype. Flax's own function upcasts the logits only on its
-   fused path (no dropout, no ``sow_weights``), normalises in the compute dtype
-   otherwise, and its fused path mixes dtypes implicitly, which fails under JAX's
-   strict dtype promotion; the replacement casts explicitly;
-5. at the root, and at every module whose override differs from the policy of its
-   parent, ``__call__`` casts floating-point positional arguments to the compute
-   dtype and its outputs to the output dtype. This is done by giving the copy a
-   subclass of its own class, so ``isinstance`` checks, attribute paths and the
-   state tree (``nnx.split``/``nnx.state``) are exactly those of the original.
+4. the default attention function of :class:`flax.nnx.MultiHeadAttention` (its
+   ``attention_fn`` hook) is replaced by one that runs the fused
+   :func:`jax.nn.dot_product_attention` (cuDNN's flash attention on a GPU where
+   its rules allow, XLA's otherwise; softmax statistics in float32) when
+   ``attention_softmax_dtype`` is float32 and no dropout is active and no weights
+   are sown, and Flax's own attention weights in ``attention_softmax_dtype``
+   otherwise;
+5. the output is cast to the policy's output dtype at the root: the copy's root
+   is a fresh instance of a subclass of the root's class whose ``__call__`` casts
+   floating-point positional arguments to the compute dtype and the outputs to
+   the output dtype, so ``isinstance`` checks, attribute paths and the state tree
+   (``nnx.split``/``nnx.state``) are exactly those of the original. No object's
+   class is ever reassigned, and no module inside the model is replaced: inside,
+   every layer casts its own operands (step 2), so a module under an override
+   returns what its layers compute in the override's compute dtype.
 
-Only ``__call__`` is wrapped at the policy boundaries; other methods still run in
-the dtypes set on the layers but return whatever the layers produce.
+Only the root's ``__call__`` is wrapped; its other methods still run in the dtypes
+set on the layers but return whatever the layers produce.
 """
 
 from __future__ import annotations
@@ -120,16 +123,68 @@ class _PromoteTo:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class _SoftmaxInAttention:
-    """Dot-product attention with logits accumulated and normalised in a wide dtype.
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# what jax.nn.dot_product_attention raises (while tracing) for a shape, dtype or
+# device that cuDNN's flash attention does not take
+_CUDNN_REFUSALS = (ValueError, NotImplementedError, RuntimeError, TypeError)
 
-    Drop-in replacement for :func:`flax.nnx.dot_product_attention` (same keyword
-    arguments). Queries, keys and values are promoted to the compute dtype; the
-    logits come out of the matrix product in ``softmax_dtype`` (operands stay in
-    the compute dtype, so tensor cores still apply), masking, bias, softmax and
-    dropout run in ``softmax_dtype``, and the weights are cast back to the compute
-    dtype before they multiply the values.
+
+def _standard_promotion(*args: Any, **kwargs: Any) -> jax.Array:
+    """:func:`jax.nn.dot_product_attention` under standard dtype promotion: its XLA
+    implementation mixes 16-bit operands with float32 logits on purpose (it calls
+    ``promote_types(query.dtype, float32)``), which strict promotion refuses."""
+    with jax.numpy_dtype_promotion("standard"):
+        return jax.nn.dot_product_attention(*args, **kwargs)
+
+
+def _fused_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    is_causal: bool,
+) -> jax.Array:
+    """:func:`jax.nn.dot_product_attention` on Flax's ``[batch..., length, heads,
+    depth]`` layout: cuDNN's flash attention on a GPU when it takes the shapes and
+    the (16-bit) dtype, XLA's implementation otherwise. Both keep the softmax
+    statistics in float32 (XLA's computes the logits and softmax in float32)."""
+    shape = query.shape
+    if query.ndim > 4:  # jax.nn wants one batch dimension
+
+        def flat(x: jax.Array | None) -> jax.Array | None:
+            return None if x is None else x.reshape((-1, *x.shape[-3:]))
+
+        query, key, value, bias, mask = map(flat, (query, key, value, bias, mask))
+    if mask is not None:
+        mask = mask.astype(jnp.bool_)
+    attend = functools.partial(_standard_promotion, is_causal=is_causal)
+    out = None
+    if jax.default_backend() == "gpu" and query.dtype in _HALF:
+        low = None if bias is None else bias.astype(query.dtype)
+        try:
+            out = attend(query, key, value, low, mask, implementation="cudnn")
+        except _CUDNN_REFUSALS:
+            out = None
+    if out is None:
+        wide = None if bias is None else bias.astype(jnp.float32)
+        out = attend(query, key, value, wide, mask, implementation="xla")
+    return out.reshape(shape[:-1] + out.shape[-1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class _PolicyAttention:
+    """NNX's ``attention_fn`` hook under a policy (same keyword arguments as
+    :func:`flax.nnx.dot_product_attention`).
+
+    Queries, keys and values are promoted to the compute dtype. With a float32
+    ``softmax_dtype``, no active dropout, no weights to sow and no explicit
+    precision (and, for float16, on a GPU), the attention is fused
+    (:func:`jax.nn.dot_product_attention`, see `_fused_attention`). Otherwise Flax's own
+    :func:`flax.nnx.nn.attention.dot_product_attention_weights` computes the
+    weights from queries and keys in ``softmax_dtype`` (logits, mask, softmax,
+    dropout and the sown weights in that dtype), and they multiply the values in
+    the compute dtype.
     """
 
     softmax_dtype: jnp.dtype
@@ -154,41 +209,33 @@ class _SoftmaxInAttention:
         if promote_dtype is None:
             promote_dtype = nnx.nn.dtypes.promote_dtype
         query, key, value = promote_dtype((query, key, value), dtype=dtype)
-        dtype = query.dtype
+        dropout = not deterministic and dropout_rate > 0.0
         wide = self.softmax_dtype
-        if query.shape[-2] != key.shape[-2]:  # grouped-query attention
-            repeats = query.shape[-2] // key.shape[-2]
-            key = jnp.repeat(key, repeats, axis=-2)
-            value = jnp.repeat(value, repeats, axis=-2)
-        scale = jnp.asarray(1.0 / float(query.shape[-1]) ** 0.5, dtype)
-        logits = jnp.einsum(
-            "...qhd,...khd->...hqk",
-            query * scale,
-            key,
-            precision=precision,
-            preferred_element_type=wide,
+        # jax.nn's XLA attention asks for F16_F16_F32 products, which only GPUs
+        # lower (the CPU and TPU refuse them at compile time)
+        f16_ok = query.dtype != jnp.float16 or jax.default_backend() == "gpu"
+        plain = not dropout and module is None and not precision
+        if wide == jnp.float32 and plain and f16_ok:
+            return _fused_attention(query, key, value, bias, mask, is_causal)
+        weights = nnx.nn.attention.dot_product_attention_weights(
+            query.astype(wide),
+            key.astype(wide),
+            None if bias is None else bias.astype(wide),
+            mask,
+            broadcast_dropout,
+            dropout_rng,
+            dropout_rate,
+            deterministic,
+            wide,
+            precision,
+            module,
+            is_causal=is_causal,
         )
-        if bias is not None:
-            logits = logits + bias.astype(wide)
-        if is_causal:
-            q_len, k_len = logits.shape[-2:]
-            causal = jnp.tril(jnp.ones((q_len, k_len), dtype=jnp.bool_))
-            mask = causal if mask is None else jnp.logical_and(mask, causal)
-        if mask is not None:
-            logits = jnp.where(mask, logits, jnp.asarray(jnp.finfo(wide).min, wide))
-        weights = jax.nn.softmax(logits, axis=-1)
-        if module is not None:
-            module.sow(nnx.Intermediate, "attention_weights", weights)
-        if not deterministic and dropout_rate > 0.0:
-            keep_prob = 1.0 - dropout_rate
-            shape = weights.shape
-            if broadcast_dropout:
-                shape = (1,) * (weights.ndim - 2) + shape[-2:]
-            keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
-            weights = jnp.where(keep, weights / jnp.asarray(keep_prob, wide), 0.0)
+        if weights.shape[-3] != value.shape[-2]:  # grouped-query attention
+            value = jnp.repeat(value, weights.shape[-3] // value.shape[-2], axis=-2)
         return jnp.einsum(
             "...hqk,...khd->...qhd",
-            weights.astype(dtype),
+            weights.astype(value.dtype),
             value,
             precision=precision,
         )
@@ -224,6 +271,15 @@ def _policy_class(cls: type) -> type:
             "_mpjax_original_class": cls,
         },
     )
+
+
+def _with_output_cast(module: _M, policy: Policy) -> _M:
+    """A new instance of the policy subclass of ``module``'s class holding
+    ``module``'s attributes (``module`` itself, a fresh copy, is dropped)."""
+    root = object.__new__(_policy_class(_original_class(type(module))))
+    vars(root).update(vars(module))
+    root.mpjax_policy = policy
+    return root
 
 
 def _check_overrides(overrides: Any) -> dict[type, Policy]:
@@ -277,10 +333,10 @@ def _configure(
         and isinstance(module, nnx.MultiHeadAttention)
         and (
             module.attention_fn is nnx.dot_product_attention
-            or isinstance(module.attention_fn, _SoftmaxInAttention)
+            or isinstance(module.attention_fn, _PolicyAttention)
         )
     ):
-        module.attention_fn = _SoftmaxInAttention(softmax_dtype)
+        module.attention_fn = _PolicyAttention(softmax_dtype)
 
 
 def apply_policy(
@@ -313,8 +369,8 @@ def apply_policy(
 
     Returns:
         A policy-applied copy of ``model``, an instance of a subclass of its class
-        with the same attributes and state paths. Parameters of the copy share no
-        state with ``model``.
+        (whose ``__call__`` casts to the output dtype) with the same attributes
+        and state paths. Parameters of the copy share no state with ``model``.
 
     Raises:
         TypeError: ``model`` is not an NNX module, an override key is not an NNX
@@ -361,9 +417,6 @@ def apply_policy(
         chosen = parent if own is None else own
         effective[path] = chosen
         _configure(module, chosen, softmax_dtype)
-        if path == () or chosen != parent:
-            module.__class__ = _policy_class(_original_class(type(module)))
-            module.mpjax_policy = chosen
 
     for path, node in nodes:
         if isinstance(node, nnx.Param):
@@ -377,7 +430,7 @@ def apply_policy(
                 node.set_value(value.astype(owner.param_dtype))
     if fp8 is not None:
         attach_fp8(copy, fp8)
-    return copy
+    return _with_output_cast(copy, effective[()])
 
 
 def policy_apply(

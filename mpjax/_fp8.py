@@ -10,7 +10,9 @@ dtype are reused here.
 How the state moves. A layer converted by ``mpjax.apply_policy(model, policy,
 fp8=Fp8Config(...))`` holds one :class:`Fp8Meta` variable per matrix product whose
 value is a :class:`Fp8MetaValue`: the three scales and amax histories (rows
-``lhs``, ``rhs``, ``grad``) and a float32 ``amax`` field that is always zero. The
+``lhs``, ``rhs``, ``grad``), a float32 ``amax`` field that is always zero and, as
+static pytree metadata, the :class:`Fp8Config` itself (the one copy the optimizer
+wrapper reads, so it cannot use another margin or format). The
 forward pass quantises with the stored scales (those of the previous steps) and
 the backward pass returns the amaxes it measured *as the gradient of* ``amax``.
 :func:`mpjax.fp8_delayed_scaling` wraps the optimizer, keeps these variables
@@ -26,10 +28,11 @@ exact in two's-complement integers but not in floating point. Read them with
 the divisor of the quantiser, ``x_fp8 = x / scale`` (the reciprocal of Transformer
 Engine's ``scale``): ``scale = max(amax_history) * 2**margin / fp8_max``.
 
-On a CPU the fp8 formats are emulated: operands are quantised to fp8 and
-dequantised to the compute dtype, and the product runs in the compute dtype. On
-GPUs with fp8 tensor cores (H100 and later) XLA rewrites the dequantise-then-dot
-pattern into an fp8 matrix product.
+Every product receives its operands as ``convert(f8 operand) * scale`` in the
+compute dtype, right before ``dot_general``. On GPUs with fp8 tensor cores (H100
+and later) XLA rewrites that pattern into a cuBLASLt fp8 matrix product
+(``__cublas$lt$matmul$f8``); on a CPU the fp8 formats are emulated and the product
+runs in the compute dtype.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import dataclasses
 import functools
 import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -127,10 +130,20 @@ def _from_bits(bits: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-class Fp8MetaValue(NamedTuple):
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["scale_bits", "history_bits", "amax"],
+    meta_fields=["config"],
+)
+@dataclasses.dataclass(frozen=True)
+class Fp8MetaValue:
     """Delayed-scaling state of one fp8 matrix product.
 
-    Rows are the left operand, the right operand and the incoming gradient.
+    Rows are the left operand, the right operand and the incoming gradient. The
+    :class:`Fp8Config` travels with the state as static pytree metadata, so the
+    optimizer wrapper reads the margin and formats the model was built with (it
+    survives ``nnx.split``, gradients, ``optax.apply_updates`` and checkpoints
+    that keep the tree structure).
 
     Attributes:
         scale_bits: int32 ``[3]``, bit patterns of the float32 scales.
@@ -138,11 +151,14 @@ class Fp8MetaValue(NamedTuple):
             amax histories (newest first after each update).
         amax: float32 ``[3]``, always zero; the backward pass returns the amaxes
             it measured as its gradient.
+        config: the hyperparameters of this product, or ``None`` when the state
+            was built without them (the optimizer wrapper's config applies).
     """
 
     scale_bits: jax.Array
     history_bits: jax.Array
     amax: jax.Array
+    config: Fp8Config | None = None
 
     @property
     def scale(self) -> jax.Array:
@@ -154,8 +170,14 @@ class Fp8MetaValue(NamedTuple):
         """float32 ``[3, history_length]``: the amax histories."""
         return _from_bits(self.history_bits)
 
+    def _replace(self, **changes: Any) -> Fp8MetaValue:
+        """A copy with ``changes`` applied (the ``NamedTuple`` spelling)."""
+        return dataclasses.replace(self, **changes)
+
     @classmethod
-    def create(cls, scale: Any, amax_history: Any) -> Fp8MetaValue:
+    def create(
+        cls, scale: Any, amax_history: Any, config: Fp8Config | None = None
+    ) -> Fp8MetaValue:
         """The state holding float32 ``scale [3]`` and ``amax_history [3, n]``."""
         scale = jnp.asarray(scale, jnp.float32)
         history = jnp.asarray(amax_history, jnp.float32)
@@ -164,12 +186,14 @@ class Fp8MetaValue(NamedTuple):
                 "Fp8MetaValue.create expects scale of shape (3,) and amax_history "
                 f"of shape (3, n), got {scale.shape} and {history.shape}."
             )
-        return cls(_to_bits(scale), _to_bits(history), jnp.zeros(3, jnp.float32))
+        amax = jnp.zeros(3, jnp.float32)
+        return cls(_to_bits(scale), _to_bits(history), amax, config)
 
     @classmethod
-    def initial(cls, history_length: int) -> Fp8MetaValue:
-        """Scales of one and empty (zero) histories."""
-        return cls.create(jnp.ones(3), jnp.zeros((3, history_length)))
+    def initial(cls, config: Fp8Config) -> Fp8MetaValue:
+        """Scales of one and empty (zero) histories, carrying ``config``."""
+        length = config.history_length
+        return cls.create(jnp.ones(3), jnp.zeros((3, length)), config)
 
 
 class Fp8Meta(nnx.Variable):
@@ -180,16 +204,28 @@ class Fp8Meta(nnx.Variable):
     """
 
 
-def _is_meta(x: Any) -> bool:
-    return isinstance(x, Fp8Meta)
+def is_meta(x: Any) -> bool:
+    """Whether ``x`` is fp8 state: an :class:`Fp8Meta` variable or, in the pure
+    trees ``nnx.Optimizer`` hands its transformation, an :class:`Fp8MetaValue`."""
+    return isinstance(x, Fp8Meta | Fp8MetaValue)
+
+
+def meta_value(x: Fp8Meta | Fp8MetaValue) -> Fp8MetaValue:
+    """The :class:`Fp8MetaValue` of a leaf accepted by :func:`is_meta`."""
+    return x.get_value() if isinstance(x, Fp8Meta) else x
+
+
+def with_meta_value(x: Fp8Meta | Fp8MetaValue, value: Fp8MetaValue) -> Any:
+    """``x`` holding ``value`` instead: a variable stays a variable."""
+    return x.replace(value) if isinstance(x, Fp8Meta) else value
 
 
 def _max_combining(leaf: Any) -> Any:
-    if not _is_meta(leaf):
+    if not is_meta(leaf):
         return leaf
-    value = leaf.get_value()
+    value = meta_value(leaf)
     amax = lax.convert_element_type(value.amax.astype(jnp.float32), fp8_ops.fm32)
-    return leaf.replace(value._replace(amax=amax))
+    return with_meta_value(leaf, value._replace(amax=amax))
 
 
 def fp8_loss(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -221,7 +257,7 @@ def fp8_loss(loss_fn: Callable[..., Any]) -> Callable[..., Any]:
     @jax.jit
     @functools.wraps(loss_fn)
     def wrapped(params: Any, *args: Any) -> Any:
-        params = jax.tree.map(_max_combining, params, is_leaf=_is_meta)
+        params = jax.tree.map(_max_combining, params, is_leaf=is_meta)
         return loss_fn(params, *args)
 
     return wrapped

@@ -37,7 +37,12 @@ def _quantize(x: jax.Array, dtype: np.dtype, scale: jax.Array) -> jax.Array:
 
 
 def _dequantize(q: jax.Array, scale: jax.Array, dtype: Any) -> jax.Array:
-    return fp8_ops.dequantize(q, jnp.float32, scale).astype(dtype)
+    """``convert(q) * scale`` straight into the compute ``dtype``, right before the
+    product: the pattern XLA's GPU rewriter turns into a cuBLASLt fp8 GEMM (it
+    needs the fp8 operand to reach the multiply; converting through float32 first
+    would hide it). The scale is a separate multiply, as in Flax's ``dequantize``.
+    """
+    return fp8_ops.dequantize(q, dtype, scale)
 
 
 def _amax(x: jax.Array) -> jax.Array:
@@ -135,8 +140,15 @@ class Fp8DotGeneral(nnx.Module):
                 f"config must be an mpjax.Fp8Config, got {type(config).__name__}; "
                 "pass e.g. mpjax.Fp8Config(history_length=16)."
             )
-        self.config = config
-        self.fp8_meta = Fp8Meta(Fp8MetaValue.initial(config.history_length))
+        self.fp8_meta = Fp8Meta(Fp8MetaValue.initial(config))
+
+    @property
+    def config(self) -> Fp8Config:
+        """The hyperparameters, read from the state (one copy, in the model)."""
+        meta = self.fp8_meta.get_value()
+        if meta.config is not None:
+            return meta.config
+        return Fp8Config(history_length=meta.history_bits.shape[-1])
 
     def __call__(
         self,
@@ -165,9 +177,10 @@ class Fp8DotGeneral(nnx.Module):
         """The fp8 product of ``lhs`` and ``rhs``; ``static`` fills the `_Spec`."""
         meta = self.fp8_meta.get_value()
         lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+        config = self.config
         spec = _Spec(
-            forward_dtype=self.config.forward_dtype,
-            gradient_dtype=self.config.gradient_dtype,
+            forward_dtype=config.forward_dtype,
+            gradient_dtype=config.gradient_dtype,
             lhs_dtype=lhs.dtype,
             rhs_dtype=rhs.dtype,
             amax_dtype=meta.amax.dtype,

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from flax.linen import fp8_ops
 
-from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue
+from mpjax._fp8 import Fp8Config, Fp8MetaValue, is_meta, meta_value, with_meta_value
 from mpjax._loss_scaling import loss_scale_or_one, skipped_steps_or_zero
 
 __all__ = ["Fp8DelayedScalingState", "fp8_delayed_scaling", "update_fp8_meta"]
@@ -68,8 +68,9 @@ def update_fp8_meta(
         The new state (its ``amax`` field zero).
 
     Example:
-        >>> v = update_fp8_meta(Fp8MetaValue.initial(2), jnp.array([448.0, 224.0,
-        ...                     jnp.inf]), Fp8Config(history_length=2))
+        >>> config = Fp8Config(history_length=2)
+        >>> v = update_fp8_meta(Fp8MetaValue.initial(config),
+        ...                     jnp.array([448.0, 224.0, jnp.inf]), config)
         >>> v.scale.tolist(), v.amax_history[:, 0].tolist()
         ([1.0, 0.5, 1.0], [448.0, 224.0, 0.0])
     """
@@ -86,28 +87,25 @@ def update_fp8_meta(
     scale = jnp.where(push, new_scale, scale)
     ratio = jnp.asarray(loss_scale_ratio, jnp.float32)
     factor = jnp.stack([jnp.ones((), jnp.float32), jnp.ones((), jnp.float32), ratio])
-    return Fp8MetaValue.create(scale * factor, history * factor[:, None])
-
-
-def _is_meta(x: Any) -> bool:
-    return isinstance(x, Fp8Meta)
+    return Fp8MetaValue.create(scale * factor, history * factor[:, None], value.config)
 
 
 def _split(tree: Any, what: str) -> tuple[list[Any], Any]:
-    leaves, treedef = jax.tree.flatten(tree, is_leaf=_is_meta)
-    if not any(_is_meta(x) for x in leaves):
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_meta)
+    if not any(is_meta(x) for x in leaves):
         raise ValueError(
             f"fp8_delayed_scaling found no mpjax.Fp8Meta variable in the {what}; "
             "build the model with mpjax.apply_policy(model, policy, fp8=config) and "
-            "pass an nnx.State that keeps its variables, e.g. "
-            "nnx.split(model, (nnx.Param, mpjax.Fp8Meta), ...) (not a pure dict)."
+            "pass its fp8 state along, e.g. nnx.split(model, (nnx.Param, "
+            "mpjax.Fp8Meta), ...), or nnx.Optimizer(..., wrt=(nnx.Param, "
+            "mpjax.Fp8Meta))."
         )
     return leaves, treedef
 
 
 def _masked(leaves: list[Any], treedef: Any) -> Any:
     return jax.tree.unflatten(
-        treedef, [optax.MaskedNode() if _is_meta(x) else x for x in leaves]
+        treedef, [optax.MaskedNode() if is_meta(x) else x for x in leaves]
     )
 
 
@@ -128,15 +126,20 @@ def fp8_delayed_scaling(
     """Wraps an optimizer so that it updates fp8 state instead of optimizing it.
 
     Use it outermost, around the loss scaler if there is one:
-    ``fp8_delayed_scaling(mpjax.dynamic_loss_scaling(optax.adam(1e-3)), config)``.
+    ``fp8_delayed_scaling(mpjax.dynamic_loss_scaling(optax.adam(1e-3)))``.
     The inner optimizer sees the parameters without the :class:`mpjax.Fp8Meta`
     variables; their updates come from :func:`update_fp8_meta`, skipped on steps
-    the inner loss scaler skips and rescaled when its loss scale changes.
+    the inner loss scaler skips and rescaled when its loss scale changes. The
+    margin and formats are those the model carries (the :class:`mpjax.Fp8Config`
+    given to :func:`mpjax.apply_policy` travels with every fp8 state), so the
+    wrapper cannot use other ones. Works with :func:`mpjax.make_train_step` on an
+    ``nnx.State`` and with ``nnx.Optimizer(model, tx, wrt=(nnx.Param,
+    mpjax.Fp8Meta))``, which hands it pure trees.
 
     Args:
         inner: the optimizer of the other parameters.
-        config: the same :class:`mpjax.Fp8Config` as given to
-            :func:`mpjax.apply_policy` (default: ``Fp8Config()``).
+        config: optional; if given it must equal the config the model carries
+            (a check, not a setting). It applies to states built without one.
 
     Returns:
         The wrapped transformation. Its ``update`` needs ``params``.
@@ -145,7 +148,7 @@ def fp8_delayed_scaling(
         TypeError: ``inner`` is not an optax transformation or ``config`` not an
             :class:`mpjax.Fp8Config`.
         ValueError: (from ``init``/``update``) the parameters hold no fp8 state,
-            or its history length differs from ``config.history_length``.
+            or ``config`` differs from the model's.
     """
     if not (callable(getattr(inner, "init", None)) and callable(inner.update)):
         raise TypeError(
@@ -153,24 +156,37 @@ def fp8_delayed_scaling(
             f"{type(inner).__name__}; pass e.g. "
             "mpjax.dynamic_loss_scaling(optax.adam(1e-3))."
         )
-    config = Fp8Config() if config is None else config
-    if not isinstance(config, Fp8Config):
+    if config is not None and not isinstance(config, Fp8Config):
         raise TypeError(
-            f"config must be an mpjax.Fp8Config, got {type(config).__name__}; pass "
-            "the config given to mpjax.apply_policy."
+            f"config must be an mpjax.Fp8Config or None, got "
+            f"{type(config).__name__}; leave it out to use the model's."
         )
     inner = optax.with_extra_args_support(inner)
 
+    def config_of(leaf: Any) -> Fp8Config:
+        value = meta_value(leaf)
+        carried = value.config
+        if carried is None:
+            carried = config or Fp8Config(history_length=value.history_bits.shape[-1])
+        elif config is not None and config != carried:
+            raise ValueError(
+                f"fp8_delayed_scaling was given {config} but the model carries "
+                f"{carried}; leave config out (the model's is used) or build the "
+                "model with the same one."
+            )
+        length = value.history_bits.shape[-1]
+        if length != carried.history_length:
+            raise ValueError(
+                f"an fp8 state has a history of {length} steps but the config says "
+                f"{carried.history_length}; pass the Fp8Config given to "
+                "mpjax.apply_policy."
+            )
+        return carried
+
     def check(leaves: list[Any]) -> None:
         for leaf in leaves:
-            if _is_meta(leaf):
-                length = leaf.get_value().history_bits.shape[-1]
-                if length != config.history_length:
-                    raise ValueError(
-                        f"an fp8 state has a history of {length} steps but the "
-                        f"config says {config.history_length}; pass the Fp8Config "
-                        "given to mpjax.apply_policy."
-                    )
+            if is_meta(leaf):
+                config_of(leaf)
 
     def init_fn(params: Any) -> Fp8DelayedScalingState:
         leaves, treedef = _split(params, "parameters")
@@ -212,14 +228,14 @@ def fp8_delayed_scaling(
         for grad, param, inner_update in zip(
             grad_leaves, param_leaves, inner_leaves, strict=True
         ):
-            if not _is_meta(param):
+            if not is_meta(param):
                 out.append(inner_update)
                 continue
-            old = param.get_value()
+            old = meta_value(param)
             new = update_fp8_meta(
                 old,
-                grad.get_value().amax,
-                config,
+                meta_value(grad).amax,
+                config_of(param),
                 skipped=skipped,
                 loss_scale_ratio=ratio,
             )
@@ -227,8 +243,9 @@ def fp8_delayed_scaling(
                 new.scale_bits - old.scale_bits,
                 new.history_bits - old.history_bits,
                 jnp.zeros_like(old.amax),
+                old.config,
             )
-            out.append(param.replace(delta))
+            out.append(with_meta_value(param, delta))
         return jax.tree.unflatten(treedef, out), Fp8DelayedScalingState(inner_state)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)

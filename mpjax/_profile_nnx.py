@@ -2,49 +2,38 @@
 
 JAX names the source of an operation by its name stack (`jax.named_scope`);
 Flax linen pushes one scope per module, NNX pushes none. While `module_scopes`
-is active, every NNX module found in the arguments calls ``__call__`` inside
+is active, every NNX module found in the arguments runs its ``__call__`` inside
 ``jax.named_scope(<its attribute path>)``, e.g. ``hidden.0`` for
 ``model.hidden[0]``, so the records of the values it computes name it.
 
-Each module gets, for the duration, a subclass of its own class that carries its
-path (a class attribute, so the copies JAX makes when it flattens and rebuilds
-the module as a pytree carry it too); the original classes are restored on exit.
+Nothing about the modules' classes changes: the program traced is exactly the
+one that runs without the profiler (a policy's casts included). Each module
+carries its path, for the duration, in one static attribute, which the copies
+JAX makes when it flattens and rebuilds a module as a pytree carry too; a
+profile function of this thread (`sys.setprofile`, the previous one chained and
+restored on exit) enters the scope when a module's ``__call__`` starts and
+leaves it when that call returns or raises.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import jax
 
 __all__ = ["module_scopes"]
 
-
-@functools.cache
-def _scoped_class(cls: type, path: str) -> type:
-    """A subclass of `cls` whose ``__call__`` runs under ``named_scope(path)``."""
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with jax.named_scope(path):
-            return super(scoped, self).__call__(*args, **kwargs)
-
-    scoped = type(
-        cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__}
-    )
-    scoped.__qualname__ = cls.__qualname__
-    scoped._mpjax_original_class = cls  # noqa: SLF001 (read back by module_scopes)
-    return scoped
+_PATH = "_mpjax_scope_path"
 
 
 def _modules(tree: Any) -> list[tuple[str, Any]]:
     """(path, module) of every callable NNX module reachable from `tree`'s roots."""
-    try:
-        from flax import nnx
-    except ImportError:  # pragma: no cover - flax is a dependency
-        return []
+    from flax import nnx
+
     roots = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Module))
     found: dict[int, tuple[str, Any]] = {}
     for root in roots:
@@ -58,17 +47,49 @@ def _modules(tree: Any) -> list[tuple[str, Any]]:
     return list(found.values())
 
 
+class _Scopes:
+    """The profile function: a stack of (frame, module, open named scope)."""
+
+    def __init__(self, previous: Any) -> None:
+        from flax import nnx
+
+        self.module_type = nnx.Module
+        self.previous = previous
+        self.stack: list[tuple[FrameType, Any, Any]] = []
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.previous is not None:
+            self.previous(frame, event, arg)
+        if event == "call" and frame.f_code.co_name == "__call__":
+            module = frame.f_locals.get("self")
+            if not isinstance(module, self.module_type):
+                return
+            path = vars(module).get(_PATH)
+            # a subclass' __call__ calling its base's is one module call
+            if path is None or (self.stack and self.stack[-1][1] is module):
+                return
+            scope = jax.named_scope(path)
+            scope.__enter__()
+            self.stack.append((frame, module, scope))
+        elif event == "return" and self.stack and self.stack[-1][0] is frame:
+            self.stack.pop()[2].__exit__(None, None, None)
+
+
 @contextlib.contextmanager
 def module_scopes(tree: Any) -> Iterator[None]:
     """Names every NNX module of `tree` by its path while the context is active."""
-    patched = []
+    marked = []
+    previous = sys.getprofile()
+    scopes = _Scopes(previous)
     try:
         for path, module in _modules(tree):
-            cls = type(module)
-            original = getattr(cls, "_mpjax_original_class", cls)
-            object.__setattr__(module, "__class__", _scoped_class(original, path))
-            patched.append((module, cls))
+            object.__setattr__(module, _PATH, path)
+            marked.append(module)
+        sys.setprofile(scopes)
         yield
     finally:
-        for module, cls in patched:
-            object.__setattr__(module, "__class__", cls)
+        sys.setprofile(previous)
+        while scopes.stack:  # left open only if the context exits mid-call
+            scopes.stack.pop()[2].__exit__(None, None, None)
+        for module in marked:
+            vars(module).pop(_PATH, None)

@@ -170,7 +170,11 @@ def nnx_value_and_grad(
         def scaled(*a: Any, **kw: Any) -> tuple[Any, Any]:
             return _scale(loss_fn(*a, **kw), scale, has_aux)
 
-        grad_fn = nnx.value_and_grad(scaled, argnums=argnums, has_aux=True)
+        # allow_int: the fp8 state (int32 bit patterns) rides along with the
+        # parameters; only its float32 amax field carries a gradient.
+        grad_fn = nnx.value_and_grad(
+            scaled, argnums=argnums, has_aux=True, allow_int=True
+        )
         (_, (loss, aux)), grads = grad_fn(*args, **kwargs)
         return ((loss, aux) if has_aux else loss), grads
 

@@ -10,19 +10,9 @@ import pytest
 from flax import nnx
 
 import mpjax
+from experiments._jaxpr import equations
 
 BF16, F16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)
-
-
-def _eqns(jaxpr):
-    """All equations of a jaxpr, recursing into sub-jaxprs (pjit, custom_jvp, ...)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
 
 
 def _ops(fn, *args):
@@ -34,7 +24,7 @@ def _ops(fn, *args):
             tuple(v.aval.dtype for v in eqn.invars if hasattr(v.aval, "dtype")),
             tuple(v.aval.dtype for v in eqn.outvars),
         )
-        for eqn in _eqns(closed.jaxpr)
+        for eqn in equations(closed.jaxpr)
     ]
 
 
@@ -319,3 +309,28 @@ def test_policy_apply_rejects_non_callables_and_bad_policies():
         mpjax.policy_apply({}, "float32")
     with pytest.raises(ValueError, match="policy"):
         mpjax.policy_apply(lambda p, x: x, "p=f32,c=f17")
+
+
+def test_apply_policy_fuses_attention_unless_dropout_or_sow(gqa, x, monkeypatch):
+    calls = []
+    fused = jax.nn.dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("implementation"))
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+    h = x[..., :4].repeat(2, axis=-1)
+    mixed = mpjax.apply_policy(gqa, "mixed_bfloat16")
+    out = mixed(h, is_causal=True)
+    # the CPU has no cuDNN: XLA's implementation, float32 logits and softmax
+    assert calls == ["xla"] and out.dtype == F32
+    # the weights are wanted: Flax's unfused path
+    nnx.capture(lambda m, h: m(h, sow_weights=True), nnx.Intermediate)(mixed, h)
+    narrow = mpjax.apply_policy(gqa, "mixed_bfloat16", attention_softmax_dtype="bf16")
+    narrow(h)  # a 16-bit softmax was asked for: unfused as well
+    # float16: XLA's attention needs F16_F16_F32 products, which the CPU does not
+    # compile; unfused here, and it compiles
+    half = mpjax.apply_policy(gqa, "mixed_float16")
+    assert nnx.jit(lambda m, h: m(h))(half, h).dtype == F32
+    assert calls == ["xla"]

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import mpjax
+from experiments._jaxpr import equations
 from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue, fp8_loss
 from mpjax._fp8_ops import Fp8DotGeneral
 from mpjax._fp8_optim import fp8_delayed_scaling, update_fp8_meta
@@ -153,7 +154,88 @@ def test_fp8_formats_appear_in_forward_and_backward():
     assert "f8_e4m3fn" in text and "f8_e5m2" in text
 
 
+def _producers(jaxpr):
+    """``{var: eqn}`` of a jaxpr and of its sub-jaxprs, with every dot_general."""
+    producers, dots = {}, []
+    for eqn in equations(jaxpr):
+        producers.update({v: eqn for v in eqn.outvars})
+        if eqn.primitive.name == "dot_general":
+            dots.append(eqn)
+    return producers, dots
+
+
+def _fp8_source(var, producers):
+    """The fp8 dtype of ``var = convert(f8 operand) * broadcast(scale)``, or None."""
+    mul = producers.get(var)
+    if mul is None or mul.primitive.name != "mul":
+        return None
+    kinds = {producers[v].primitive.name for v in mul.invars if v in producers}
+    if kinds != {"convert_element_type", "broadcast_in_dim"}:
+        return None
+    (convert,) = (
+        producers[v]
+        for v in mul.invars
+        if producers[v].primitive.name == "convert_element_type"
+    )
+    dtype = convert.invars[0].aval.dtype
+    return dtype.name if "float8" in dtype.name else None
+
+
+def test_fp8_operands_reach_the_product_as_the_gpu_rewriter_expects():
+    # XLA's GPU rewriter turns dot(convert(f8) * scale, convert(f8) * scale) into
+    # a cuBLASLt fp8 GEMM; a dequantisation through float32 would hide the f8 type.
+    model = mpjax.apply_policy(
+        nnx.Linear(32, 16, rngs=nnx.Rngs(0)), "mixed_bfloat16", fp8=Fp8Config(4)
+    )
+    graphdef, params, rest = nnx.split(model, (nnx.Param, Fp8Meta), ...)
+    x = jnp.ones((8, 32))
+
+    def loss(p):
+        return jnp.sum(nnx.merge(graphdef, p, rest)(x).astype(jnp.float32) ** 2)
+
+    closed = jax.make_jaxpr(jax.grad(loss, allow_int=True))(params)
+    producers, dots = _producers(closed.jaxpr)
+    pairs = sorted(tuple(_fp8_source(v, producers) for v in dot.invars) for dot in dots)
+    e4, e5 = "float8_e4m3fn", "float8_e5m2"
+    # forward (once, and replayed in the backward pass), then both gradients
+    assert set(pairs) == {(e4, e4), (e5, e4)}, pairs
+    assert pairs.count((e5, e4)) == 2
+    assert all(d.outvars[0].aval.dtype == jnp.bfloat16 for d in dots)
+
+
 # --- NNX integration and training ------------------------------------------------
+
+
+@pytest.mark.standard_promotion  # optax.adam promotes internally
+def test_fp8_trains_through_nnx_optimizer_with_the_model_config():
+    config = Fp8Config(history_length=4, margin=1)
+    model = mpjax.apply_policy(
+        nnx.Linear(16, 16, rngs=nnx.Rngs(0)), "mixed_bfloat16", fp8=config
+    )
+    tx = fp8_delayed_scaling(mpjax.dynamic_loss_scaling(optax.adam(1e-2)))
+    optimizer = nnx.Optimizer(model, tx, wrt=(nnx.Param, Fp8Meta))
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    wrt = nnx.DiffState(0, (nnx.Param, Fp8Meta))
+
+    @nnx.jit
+    def step(model, optimizer):
+        def loss_fn(m):
+            return jnp.mean(jnp.square(m(x).astype(jnp.float32)))
+
+        loss, grads = mpjax.nnx_value_and_grad(loss_fn, optimizer, argnums=wrt)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    losses = [float(step(model, optimizer)) for _ in range(4)]
+    assert losses[-1] < losses[0]
+    meta = model.dot_general.fp8_meta.get_value()
+    assert meta.config == config  # carried through the pure optimizer trees
+    amax_x = float(jnp.max(jnp.abs(x)))
+    np.testing.assert_allclose(meta.amax_history[0, 0], amax_x, rtol=1e-2)
+    # scale = max(history) * 2**margin / 448, with this model's margin of 1
+    np.testing.assert_allclose(
+        meta.scale[0], jnp.max(meta.amax_history[0]) * 2.0 / E4M3, rtol=1e-6
+    )
 
 
 class _Twice(nnx.Module):
@@ -298,8 +380,11 @@ def test_fp8_delayed_scaling_rejects_bad_input():
         nnx.Linear(2, 2, rngs=nnx.Rngs(0)), "float32", fp8=Fp8Config(4)
     )
     params = nnx.state(model, (nnx.Param, Fp8Meta))
-    with pytest.raises(ValueError, match="history of 4 steps"):
+    with pytest.raises(ValueError, match="model carries"):
         fp8_delayed_scaling(optax.sgd(0.1), Fp8Config(8)).init(params)
+    # a different margin alone is caught too: the model carries its config
+    with pytest.raises(ValueError, match="margin=2.*model carries.*margin=0"):
+        fp8_delayed_scaling(optax.sgd(0.1), Fp8Config(4, margin=2)).init(params)
     tx = fp8_delayed_scaling(optax.sgd(0.1), Fp8Config(4))
     with pytest.raises(ValueError, match="needs params"):
         tx.update(params, tx.init(params))

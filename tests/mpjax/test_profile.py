@@ -436,3 +436,29 @@ def test_nanmedian_last_is_the_lower_median_to_bfloat16():
         assert exact * (1 - 2.0**-7) <= value <= exact
     exact_bf16 = jnp.array([[0.5, 0.25, 3.0, np.nan]], jnp.float32)
     assert float(_nanmedian_last(exact_bf16)[0]) == 0.5
+
+
+def test_profile_of_a_policy_model_records_the_program_that_runs():
+    layer = mpjax.apply_policy(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), "mixed_float16")
+    x = jnp.ones((2, 4))
+    real = layer(x).dtype
+    seen = []
+
+    def forward(m, x):
+        out = m(x)
+        seen.append(out.dtype)
+        return out
+
+    def modules():
+        return [m for _, m in nnx.iter_graph(layer) if isinstance(m, nnx.Module)]
+
+    classes = [type(m) for m in modules()]
+    report = mpjax.profile(forward, layer, x, formats=())
+    (output,) = [r for r in report.records if r.primitive == "output"]
+    # the policy casts the float16 product back to float32, under the profiler too
+    assert real == jnp.float32 and seen == [real] and output.dtype == real.name
+    (dot,) = [r for r in report.records if r.primitive == "dot_general"]
+    assert dot.dtype == "float16" and dot.source == "Linear"
+    # nothing about the modules changed, during the profile or after it
+    assert [type(m) for m in modules()] == classes
+    assert not any("_mpjax_scope_path" in vars(m) for m in modules())
