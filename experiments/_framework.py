@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_RESULTS_DIR",
@@ -90,6 +90,7 @@ QUICK_BUDGET_S: Mapping[str, float] = {
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "full")
+_S = TypeVar("_S")
 SCALE_ENV_VAR = "MPJAX_EXPERIMENTS_SCALE"
 #: Parent of the result directories for the command line and the notebooks alike:
 #: ``results`` in the current working directory, never inside the installed package.
@@ -144,6 +145,26 @@ def resolve_scale(quick: bool, scale: str | None = None) -> str:
             "known scale."
         )
     return scale
+
+
+def settings_for(table: Mapping[str, _S], scale: str) -> _S:
+    """The entry of a pipeline's per-scale settings ``table`` for ``scale``.
+
+    The one lookup every pipeline uses (``scale`` usually comes from
+    :func:`resolve_scale`, which has checked it already; a direct call with an
+    unknown scale gets the same message).
+
+    Raises:
+        ValueError: if ``table`` has no entry for ``scale``.
+
+    >>> settings_for({"tiny": 1, "quick": 2, "full": 3}, "quick")
+    2
+    """
+    if scale not in table:
+        raise ValueError(
+            f"scale is {scale!r}, expected one of {tuple(table)}; pick a known scale."
+        )
+    return table[scale]
 
 
 def git_commit(repo: Path | None = None) -> str:

@@ -25,7 +25,7 @@ from lbm_jax.cases.free_surface import RAINDROP
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from experiments.lbm_raindrop import Settings
+    from experiments._raindrop_settings import Settings
 
 __all__ = [
     "build_free_surface_2d_figure",

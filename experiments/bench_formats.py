@@ -77,7 +77,8 @@ TARGETS: dict[str, float] = {
 }
 
 
-def _time(fn: Callable[[], jax.Array]) -> float:
+def time_call(fn: Callable[[], jax.Array]) -> float:
+    """Seconds one call of ``fn`` takes, until its result is ready."""
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
@@ -180,8 +181,8 @@ def bench(
         times["copy"].append(2 * x.nbytes / (gbs[-1] * 1e9))
         for f in fmts:
             run_encode, run_decode = codecs[f.name]
-            times[f"{f.name}/encode"].append(_time(run_encode))
-            times[f"{f.name}/decode"].append(_time(run_decode))
+            times[f"{f.name}/encode"].append(time_call(run_encode))
+            times[f"{f.name}/decode"].append(time_call(run_decode))
 
     baseline_gbs = statistics.median(gbs)
     copy_ms = 1e3 * 2 * x.nbytes / (baseline_gbs * 1e9)

@@ -39,7 +39,7 @@ from flax import nnx
 import mpjax
 from experiments._models import MLP, classification_loss
 from experiments._stats import LEVEL, median_interval, verdict
-from experiments.bench_formats import _time, check_json_path
+from experiments.bench_formats import check_json_path, time_call
 from mpjax import profile_program
 
 __all__ = ["TARGET", "bench", "main", "table"]
@@ -107,9 +107,9 @@ def bench(
         programs[label] = (compiled, inputs)
     times: dict[str, list[float]] = {"step": [], **{k: [] for k, _ in VARIANTS}}
     for _ in range(repeats):
-        times["step"].append(_time(lambda: step(params, opt_state, x, y)))
+        times["step"].append(time_call(lambda: step(params, opt_state, x, y)))
         for label, (compiled, inputs) in programs.items():
-            times[label].append(_time(lambda c=compiled, i=inputs: c(*i)))
+            times[label].append(time_call(lambda c=compiled, i=inputs: c(*i)))
     rows = []
     for label, fmts in VARIANTS:
         ratios = [p / s for p, s in zip(times[label], times["step"], strict=True)]

@@ -72,9 +72,7 @@ SIXTEEN_BIT_FORMATS = tuple(
 
 def settings_for(scale: str) -> Settings:
     """The `Settings` of a scale ("tiny", "quick" or "full")."""
-    if scale not in _SETTINGS:
-        raise ValueError(f"unknown scale {scale!r}; expected one of {tuple(_SETTINGS)}")
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 def _names() -> list[str]:

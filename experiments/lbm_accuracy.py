@@ -221,9 +221,7 @@ _SETTINGS = {
 
 def settings_for(scale: str) -> Settings:
     """Return the study settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
-    if scale not in _SETTINGS:
-        raise ValueError(f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}.")
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 def storage_label(storage: str, shift: bool) -> str:

@@ -141,9 +141,7 @@ IBM_OVERHEAD_TARGET = 0.20
 
 def settings_for(scale: str) -> Settings:
     """The settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
-    if scale not in _SETTINGS:
-        raise ValueError(f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}.")
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 def bench_ibm(

@@ -252,9 +252,7 @@ _SETTINGS = {
 
 def settings_for(scale: str) -> Settings:
     """Return the sweep settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
-    if scale not in _SETTINGS:
-        raise ValueError(f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}.")
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 def bench_command(settings: Settings, lattice: str, n: int, json_path: Path) -> list:

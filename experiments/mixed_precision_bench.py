@@ -152,12 +152,7 @@ _SETTINGS = {
 
 def settings_for(scale: str) -> Settings:
     """Returns the settings of ``scale`` (``"tiny"``, ``"quick"`` or ``"full"``)."""
-    if scale not in _SETTINGS:
-        raise ValueError(
-            f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}. Pass quick=True "
-            "or quick=False, or set MPJAX_EXPERIMENTS_SCALE to a known scale."
-        )
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 # ------------------------------------------------------------------------- model

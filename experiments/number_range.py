@@ -139,9 +139,7 @@ _SETTINGS = {
 
 def settings_for(scale: str) -> Settings:
     """The settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
-    if scale not in _SETTINGS:
-        raise ValueError(f"scale is {scale!r}; expected one of {tuple(_SETTINGS)}.")
-    return _SETTINGS[scale]
+    return _framework.settings_for(_SETTINGS, scale)
 
 
 def _fluid(model: Any, state: Any) -> tuple[Any, Any, Any]:

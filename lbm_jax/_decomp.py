@@ -13,6 +13,11 @@ The mesh may span several processes (``jax.distributed.initialize``): arrays
 placed by :meth:`Decomposition.place` are global arrays whose blocks live on the
 processes that own them, and :func:`to_host` fetches any global array to NumPy on
 every process.
+
+The slab-wise read-outs (:mod:`lbm_jax._slabs`) build a decomposition from the
+mesh an array or a simulation lives on (:meth:`Decomposition.from_mesh`); there
+``mesh`` may be ``None`` (one device: :meth:`Decomposition.shard` runs a function
+as is and :meth:`Decomposition.ghost` wraps around periodically).
 """
 
 from __future__ import annotations
@@ -39,14 +44,36 @@ class Decomposition:
     """A grid split into blocks over a device mesh.
 
     Attributes:
-        mesh: The device mesh; its axis names are among ``"x"``, ``"y"``, ``"z"``.
+        mesh: The device mesh; its axis names are among ``"x"``, ``"y"``, ``"z"``
+            (``None``: one device, see :meth:`from_mesh`).
         splits: Blocks per grid axis (1 where an axis is not split).
         shape: Global grid size.
     """
 
-    mesh: Mesh
+    mesh: Mesh | None
     splits: tuple[int, ...]
     shape: tuple[int, ...]
+
+    @classmethod
+    def from_mesh(cls, mesh: Mesh | None, shape: tuple[int, ...]) -> Decomposition:
+        """The decomposition of a grid laid out over ``mesh`` (``None``: one device).
+
+        Grid axes the mesh does not name are not split.
+        """
+        names = GRID_AXES[: len(shape)]
+        if mesh is None:
+            splits = (1,) * len(shape)
+        else:
+            splits = tuple(mesh.shape.get(a, 1) for a in names)
+        return cls(mesh=mesh, splits=splits, shape=tuple(shape))
+
+    @property
+    def axis_names(self) -> tuple[str | None, ...]:
+        """The mesh axis of each grid axis, ``None`` where the mesh has none."""
+        names = GRID_AXES[: len(self.shape)]
+        if self.mesh is None:
+            return (None,) * len(names)
+        return tuple(a if a in self.mesh.axis_names else None for a in names)
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -59,8 +86,7 @@ class Decomposition:
         The kernel layout ``(X, Q, *rest)`` is ``lead=0, inner=1``; a
         ``(D, *shape)`` field is ``lead=1, inner=0``.
         """
-        names = [a if a in self.mesh.axis_names else None for a in GRID_AXES]
-        names = names[: len(self.shape)]
+        names = self.axis_names
         return PartitionSpec(*[None] * lead, names[0], *[None] * inner, *names[1:])
 
     def place(self, tree: Any, specs: Any) -> Any:
@@ -82,8 +108,29 @@ class Decomposition:
     def shard(
         self, fn: Callable[..., Any], in_specs: tuple[Any, ...], out_specs: Any
     ) -> Callable[..., Any]:
-        """``fn`` run per block on the mesh (``jax.shard_map``)."""
+        """``fn`` run per block on the mesh (``jax.shard_map``); as is on one device."""
+        if self.mesh is None:
+            return fn
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def total(self, x: jax.Array) -> jax.Array:
+        """Sum of a per-block value over all blocks (inside :meth:`shard`)."""
+        axes = tuple(a for a in self.axis_names if a is not None)
+        return lax.psum(x, axes) if axes else x
+
+    def ghost(self, a: jax.Array, axis: int, grid_axis: int) -> jax.Array:
+        """``a`` with one ghost layer on each side of array axis ``axis`` (inside
+        :meth:`shard`): the neighbouring blocks' edge layers along grid axis
+        ``grid_axis``, or the periodic wrap when that axis is not split."""
+        size = a.shape[axis]
+        hi = lax.slice_in_dim(a, size - 1, size, axis=axis)
+        lo = lax.slice_in_dim(a, 0, 1, axis=axis)
+        n = self.splits[grid_axis]
+        if n > 1:
+            up, down = _ring(n)
+            hi = lax.ppermute(hi, GRID_AXES[grid_axis], up)
+            lo = lax.ppermute(lo, GRID_AXES[grid_axis], down)
+        return jnp.concatenate([hi, a, lo], axis=axis)
 
     def halo_bytes(self, q: int, itemsize: int) -> int:
         """Bytes one block sends per step (see :func:`halo_bytes`)."""
@@ -183,12 +230,17 @@ def exchange(f: jax.Array, decomp: Decomposition) -> Halos:
                 face = jnp.concatenate([ends[0], face, ends[1]], axis=kb)
             faces.append(face)
         name = GRID_AXES[a]
-        up = [(i, (i + 1) % n) for i in range(n)]
-        down = [(i, (i - 1) % n) for i in range(n)]
+        up, down = _ring(n)
         halos.append(
             (lax.ppermute(faces[0], name, up), lax.ppermute(faces[1], name, down))
         )
     return tuple(halos)
+
+
+def _ring(n: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``ppermute`` pairs of ``n`` blocks in a periodic ring: each block to the next
+    (up) and each block to the previous (down)."""
+    return [(i, (i + 1) % n) for i in range(n)], [(i, (i - 1) % n) for i in range(n)]
 
 
 def to_host(tree: Any) -> Any:

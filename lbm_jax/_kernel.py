@@ -43,6 +43,7 @@ __all__ = [
     "make_pull",
     "make_relax",
     "make_step_into",
+    "planes_per_slab",
     "slab_tiling",
     "to_layout",
     "x_ghost_planes",
@@ -53,9 +54,28 @@ __all__ = [
 Halos = tuple[tuple[jax.Array, jax.Array] | None, ...]
 
 #: Slab size target: the decoded slab (B planes x Q x rest, compute dtype) should
-#: stay within about this many bytes so every pass over it hits cache.
-_SLAB_BYTES = 3 * 2**19
-_MAX_SLAB = 64
+#: stay within about this many bytes so every pass over it hits cache (on a CPU;
+#: small next to any state on an accelerator).
+SLAB_BYTES = 3 * 2**19
+#: Most x-planes in one slab.
+MAX_SLAB = 64
+
+
+def planes_per_slab(nx: int, plane_bytes: int, *, divisor: bool = False) -> int:
+    """x-planes per slab: the one slab-size rule of the step and the read-outs.
+
+    As many planes of ``plane_bytes`` as fit in :data:`SLAB_BYTES`, at least 1 and
+    at most :data:`MAX_SLAB` and ``nx``; with ``divisor``, the largest divisor of
+    ``nx`` within that, so that slabs tile the grid exactly (sums count each plane
+    once; the step's last slab may overlap instead).
+
+    >>> planes_per_slab(100, 2**16), planes_per_slab(100, 2**16, divisor=True)
+    (24, 20)
+    """
+    limit = max(1, min(MAX_SLAB, nx, SLAB_BYTES // max(plane_bytes, 1)))
+    if not divisor:
+        return limit
+    return max(b for b in range(1, limit + 1) if nx % b == 0)
 
 
 def to_layout(a: jax.Array) -> jax.Array:
@@ -77,8 +97,7 @@ def default_slab(lattice: Lattice, shape: tuple[int, ...], itemsize: int) -> int
     if jax.default_backend() != "cpu":
         return int(shape[0])
     plane = lattice.q * int(np.prod(shape[1:])) * itemsize
-    slab = max(1, min(_MAX_SLAB, _SLAB_BYTES // max(plane, 1)))
-    return int(min(slab, shape[0]))
+    return planes_per_slab(int(shape[0]), plane)
 
 
 def make_step_into(

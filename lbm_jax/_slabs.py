@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -37,41 +37,45 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lbm_jax._boundaries import CellType
 from lbm_jax._collision import direction_constants, equilibrium, moments
-
-if TYPE_CHECKING:
-    from lbm_jax._simulation import Simulation
+from lbm_jax._decomp import Decomposition
+from lbm_jax._kernel import planes_per_slab
+from lbm_jax._lattice import Lattice
+from lbm_jax._storage import StoragePolicy
 
 __all__ = [
+    "Grid",
     "curl",
     "fields",
     "healthy",
     "init_state",
     "link_sums",
     "mesh_of",
-    "planes_per_slab",
     "populations",
 ]
 
-#: Upper bound on the bytes of one decoded slab (a few MiB: cache-friendly on a
-#: CPU, and small next to any state on an accelerator).
-SLAB_BYTES = 2**20
-_GRID_AXES = ("x", "y", "z")
 
+class Grid(Protocol):
+    """What the functions here read from a simulation."""
 
-def planes_per_slab(nx: int, plane_bytes: int) -> int:
-    """The largest divisor of ``nx`` whose slab stays within :data:`SLAB_BYTES`.
+    @property
+    def lattice(self) -> Lattice: ...
 
-    A divisor, so that slabs tile the grid exactly (sums count each plane once).
-    """
-    limit = max(1, SLAB_BYTES // max(plane_bytes, 1))
-    return max(b for b in range(1, min(nx, limit) + 1) if nx % b == 0)
+    @property
+    def storage(self) -> StoragePolicy: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def mesh(self) -> Mesh | None: ...
 
 
 def _for_slabs(
-    split: _Split, nx: int, b: int, body: Callable[[Any, Any], Any], carry: Any
+    split: Decomposition, nx: int, b: int, body: Callable[[Any, Any], Any], carry: Any
 ) -> Any:
     """``carry = body(x0, carry)`` for ``x0 = 0, b, 2b, ...`` in a compiled loop
-    (per block inside :meth:`_Split.run`, where the carry varies by block)."""
+    (per block inside :meth:`Decomposition.shard`, where the carry varies by
+    block)."""
     if nx == b:
         return body(jnp.asarray(0, jnp.int32), carry)
     if split.mesh is not None:
@@ -80,55 +84,8 @@ def _for_slabs(
     return lax.fori_loop(0, nx // b, lambda k, c: body(k * b, c), carry)
 
 
-# -- decomposition --------------------------------------------------------------
-class _Split:
-    """How the grid is split over a mesh (or not): names and block counts per axis."""
-
-    def __init__(self, mesh: Mesh | None, ndim: int) -> None:
-        self.mesh = mesh
-        names = _GRID_AXES[:ndim]
-        if mesh is None:
-            self.names: tuple[str | None, ...] = (None,) * ndim
-            self.counts: tuple[int, ...] = (1,) * ndim
-        else:
-            self.names = tuple(a if a in mesh.axis_names else None for a in names)
-            self.counts = tuple(1 if a is None else mesh.shape[a] for a in self.names)
-
-    def spec(self, lead: int = 0, inner: int = 0) -> PartitionSpec:
-        """Spec of an array ``(*lead, X, *inner, *rest)`` split along the grid."""
-        n = self.names
-        return PartitionSpec(*[None] * lead, n[0], *[None] * inner, *n[1:])
-
-    def run(self, fn: Callable[..., Any], in_specs: tuple, out_specs: Any) -> Any:
-        """``fn`` per block (``shard_map``), or as is on one device."""
-        if self.mesh is None:
-            return fn
-        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
-
-    def total(self, x: jax.Array) -> jax.Array:
-        """Sum of a per-block value over all blocks (inside :meth:`run`)."""
-        axes = tuple(a for a in self.names if a is not None)
-        return lax.psum(x, axes) if axes else x
-
-    def ghost(self, a: jax.Array, axis: int, grid_axis: int) -> jax.Array:
-        """``a`` with one ghost layer on each side of array axis ``axis``: the
-        neighbouring blocks' edge layers, or the periodic wrap when not split."""
-        size = a.shape[axis]
-        hi = lax.slice_in_dim(a, size - 1, size, axis=axis)
-        lo = lax.slice_in_dim(a, 0, 1, axis=axis)
-        n, name = self.counts[grid_axis], self.names[grid_axis]
-        if n > 1:
-            hi = lax.ppermute(hi, name, [(i, (i + 1) % n) for i in range(n)])
-            lo = lax.ppermute(lo, name, [(i, (i - 1) % n) for i in range(n)])
-        return jnp.concatenate([hi, a, lo], axis=axis)
-
-
-def _split_of(sim: Simulation) -> _Split:
-    return _Split(sim.mesh, len(sim.shape))
-
-
-def _local_shape(split: _Split, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(n // c for n, c in zip(shape, split.counts, strict=True))
+def _decomposition(sim: Grid) -> Decomposition:
+    return Decomposition.from_mesh(sim.mesh, sim.shape)
 
 
 def _slab_of(a: jax.Array, x0: jax.Array, b: int, axis: int = 0) -> jax.Array:
@@ -139,15 +96,18 @@ def _put(out: jax.Array, piece: jax.Array, x0: jax.Array, axis: int = 0) -> jax.
     return lax.dynamic_update_slice_in_dim(out, piece, x0, axis)
 
 
-def _slab_planes(sim: Simulation, local: tuple[int, ...]) -> int:
+def _slab_planes(sim: Grid, local: tuple[int, ...]) -> int:
+    """x-planes per slab of a block: a divisor of its x size, so that slabs tile
+    it exactly (sums count each plane once)."""
     itemsize = np.dtype(sim.storage.compute_dtype).itemsize
-    return planes_per_slab(local[0], sim.lattice.q * math.prod(local[1:]) * itemsize)
+    plane = sim.lattice.q * math.prod(local[1:]) * itemsize
+    return planes_per_slab(local[0], plane, divisor=True)
 
 
 # -- construction ---------------------------------------------------------------
 @jax.jit
 def init_state(
-    sim: Simulation,
+    sim: Grid,
     rho: jax.Array,
     u: jax.Array,
     force: jax.Array | None,
@@ -167,16 +127,16 @@ def init_state(
     """
     lat, pol = sim.lattice, sim.storage
     dtype = pol.compute_dtype
-    split = _split_of(sim)
-    local = _local_shape(split, sim.shape)
+    split = _decomposition(sim)
+    local = split.local_shape
     b = _slab_planes(sim, local)
     w, cs = direction_constants(lat, dtype, len(local), axis=1)
-    kernel = split.spec(inner=1)
+    kernel = split.grid_spec()
 
     def field_spec(a: jax.Array | None, lead: int) -> PartitionSpec | None:
         if a is None:
             return None
-        return split.spec(lead=lead) if a.ndim > lead else PartitionSpec()
+        return split.grid_spec(lead=lead, inner=0) if a.ndim > lead else PartitionSpec()
 
     def slab_of_field(a: jax.Array, x0: jax.Array, lead: int) -> jax.Array:
         if a.ndim == lead:  # uniform value: broadcast over the slab
@@ -213,13 +173,13 @@ def init_state(
         None if fixed_mask is None else kernel,
         None if fixed is None else kernel,
     )
-    return split.run(block, specs, kernel)(rho, u, force, fixed_mask, fixed)
+    return split.shard(block, specs, kernel)(rho, u, force, fixed_mask, fixed)
 
 
 # -- read-out ---------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("which",))
 def fields(
-    sim: Simulation,
+    sim: Grid,
     f: jax.Array,
     force: jax.Array | None,
     *,
@@ -234,8 +194,8 @@ def fields(
     """
     lat, pol = sim.lattice, sim.storage
     dtype = pol.compute_dtype
-    split = _split_of(sim)
-    local = _local_shape(split, sim.shape)
+    split = _decomposition(sim)
+    local = split.local_shape
     b = _slab_planes(sim, local)
     want_rho, want_u = which in ("both", "density"), which in ("both", "velocity")
 
@@ -261,21 +221,26 @@ def fields(
     if force is None or not want_u:
         force, force_spec = None, None
     else:
-        force_spec = PartitionSpec() if force.ndim == 1 else split.spec(lead=1)
-    return split.run(
+        force_spec = (
+            PartitionSpec() if force.ndim == 1 else split.grid_spec(lead=1, inner=0)
+        )
+    return split.shard(
         block,
-        (split.spec(inner=1), force_spec),
-        (split.spec() if want_rho else None, split.spec(lead=1) if want_u else None),
+        (split.grid_spec(), force_spec),
+        (
+            split.grid_spec(inner=0) if want_rho else None,
+            split.grid_spec(lead=1, inner=0) if want_u else None,
+        ),
     )(f, force)
 
 
 @functools.partial(jax.jit, static_argnames=("shifted",))
-def populations(sim: Simulation, f: jax.Array, *, shifted: bool) -> jax.Array:
+def populations(sim: Grid, f: jax.Array, *, shifted: bool) -> jax.Array:
     """Decoded populations ``(Q, *shape)`` (``f_i - w_i`` if ``shifted``)."""
     lat, pol = sim.lattice, sim.storage
     dtype = pol.compute_dtype
-    split = _split_of(sim)
-    local = _local_shape(split, sim.shape)
+    split = _decomposition(sim)
+    local = split.local_shape
     b = _slab_planes(sim, local)
     w, _ = direction_constants(lat, dtype, len(local))
 
@@ -288,15 +253,15 @@ def populations(sim: Simulation, f: jax.Array, *, shifted: bool) -> jax.Array:
 
         return _for_slabs(split, local[0], b, body, jnp.zeros((lat.q, *local), dtype))
 
-    return split.run(block, (split.spec(inner=1),), split.spec(lead=1))(f)
+    return split.shard(block, (split.grid_spec(),), split.grid_spec(lead=1, inner=0))(f)
 
 
 @jax.jit
-def healthy(sim: Simulation, f: jax.Array) -> jax.Array:
+def healthy(sim: Grid, f: jax.Array) -> jax.Array:
     """True when every density is finite and positive."""
     lat, pol = sim.lattice, sim.storage
-    split = _split_of(sim)
-    local = _local_shape(split, sim.shape)
+    split = _decomposition(sim)
+    local = split.local_shape
     b = _slab_planes(sim, local)
 
     def block(f):
@@ -307,12 +272,12 @@ def healthy(sim: Simulation, f: jax.Array) -> jax.Array:
 
         return split.total(_for_slabs(split, local[0], b, body, jnp.int32(0)))
 
-    return split.run(block, (split.spec(inner=1),), PartitionSpec())(f) == 0
+    return split.shard(block, (split.grid_spec(),), PartitionSpec())(f) == 0
 
 
 @jax.jit
 def link_sums(
-    sim: Simulation, f: jax.Array, cell_type: jax.Array, mask: jax.Array | None
+    sim: Grid, f: jax.Array, cell_type: jax.Array, mask: jax.Array | None
 ) -> jax.Array:
     """Sums over the links from a fluid cell ``x`` to a body cell ``x + c_i``.
 
@@ -329,8 +294,8 @@ def link_sums(
     """
     lat, pol = sim.lattice, sim.storage
     dtype = pol.compute_dtype
-    split = _split_of(sim)
-    local = _local_shape(split, sim.shape)
+    split = _decomposition(sim)
+    local = split.local_shape
     b = _slab_planes(sim, local)
     ndim = len(local)
     dirs = [tuple(int(v) for v in ci) for ci in lat.c]
@@ -359,15 +324,17 @@ def link_sums(
         acc = jnp.zeros((lat.q,), dtype)
         return split.total(_for_slabs(split, local[0], b, body, acc))
 
-    grid = split.spec()
-    return split.run(
+    grid = split.grid_spec(inner=0)
+    return split.shard(
         block,
-        (split.spec(inner=1), grid, None if mask is None else grid),
+        (split.grid_spec(), grid, None if mask is None else grid),
         PartitionSpec(),
     )(f, cell_type, mask)
 
 
-def _x_halos(split: _Split, a: jax.Array, axis: int = 0) -> tuple[jax.Array, ...]:
+def _x_halos(
+    split: Decomposition, a: jax.Array, axis: int = 0
+) -> tuple[jax.Array, ...]:
     """The x-planes just below and above this block (neighbours' or wrapped)."""
     ghosted = split.ghost(
         jnp.concatenate(
@@ -388,7 +355,7 @@ def _x_halos(split: _Split, a: jax.Array, axis: int = 0) -> tuple[jax.Array, ...
 
 
 def _haloed_slab(
-    split: _Split,
+    split: Decomposition,
     a: jax.Array,
     halos: tuple[jax.Array, jax.Array],
     x0: jax.Array,
@@ -403,7 +370,7 @@ def _haloed_slab(
     left = jnp.where(x0 == 0, halos[0], left)
     right = jnp.where(x0 + b == nx, halos[1], right)
     slab = jnp.concatenate([left, _slab_of(a, x0, b, axis), right], axis=axis)
-    for g in range(1, len(split.names)):
+    for g in range(1, len(split.splits)):
         slab = split.ghost(slab, axis + g, g)
     return slab
 
@@ -413,9 +380,10 @@ def curl(u: jax.Array, mesh: Mesh | None = None) -> jax.Array:
     """Central-difference vorticity of ``(2, X, Y)`` or ``(3, X, Y, Z)`` velocity
     (periodic wrap), slab by slab; per block when ``mesh`` splits ``u``."""
     d = u.shape[0]
-    split = _Split(mesh, d)
-    local = _local_shape(split, u.shape[1:])
-    b = planes_per_slab(local[0], u.dtype.itemsize * d * math.prod(local[1:]))
+    split = Decomposition.from_mesh(mesh, u.shape[1:])
+    local = split.local_shape
+    plane = u.dtype.itemsize * d * math.prod(local[1:])
+    b = planes_per_slab(local[0], plane, divisor=True)
 
     def block(u):
         halos = _x_halos(split, u, axis=1)
@@ -440,8 +408,8 @@ def curl(u: jax.Array, mesh: Mesh | None = None) -> jax.Array:
         shape = tuple(local) if d == 2 else (3, *local)
         return _for_slabs(split, local[0], b, body, jnp.zeros(shape, u.dtype))
 
-    out_spec = split.spec() if d == 2 else split.spec(lead=1)
-    return split.run(block, (split.spec(lead=1),), out_spec)(u)
+    out_spec = split.grid_spec(inner=0) if d == 2 else split.grid_spec(lead=1, inner=0)
+    return split.shard(block, (split.grid_spec(lead=1, inner=0),), out_spec)(u)
 
 
 def mesh_of(a: Any) -> Mesh | None:

@@ -84,7 +84,8 @@ def _check_inner(inner: Any) -> optax.GradientTransformationExtraArgs:
 # Shared machinery.
 
 
-def _is_float_array(x: Any) -> bool:
+def is_float_array(x: Any) -> bool:
+    """Whether ``x`` is an array (or array-like) with a real floating dtype."""
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
@@ -93,7 +94,7 @@ def _is_inexact_array(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _wide(dtype: Any) -> np.dtype:
+def wide_dtype(dtype: Any) -> np.dtype:
     """float32, or the dtype itself when it is wider (float64) or complex."""
     dtype = np.dtype(dtype)
     if dtype.itemsize > 4 or jnp.issubdtype(dtype, jnp.complexfloating):
@@ -117,7 +118,7 @@ def _unscale(updates: Any, scale: jax.Array | None) -> tuple[Any, jax.Array]:
             continue
         g = jnp.asarray(g)
         if scale is not None:
-            wide = _wide(g.dtype)
+            wide = wide_dtype(g.dtype)
             g = (g.astype(wide) / scale.astype(wide)).astype(g.dtype)
         finite = jnp.logical_and(finite, jnp.all(jnp.isfinite(g)))
         out.append(g)

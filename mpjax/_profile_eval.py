@@ -23,7 +23,7 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend import source_info_util
 
-from mpjax._profile_stats import _summaries, combine, empty_summaries, is_float
+from mpjax._profile_stats import combine, empty_summaries, is_float, summarise
 from mpjax.formats import NumberFormat
 
 __all__: list[str] = []
@@ -47,7 +47,7 @@ Meta = tuple[str, str, str, str, tuple[int, ...], str]
 class Collector:
     """The records of one (sub-)program, in evaluation order.
 
-    A record is either a value (summarised by `summaries`) or a row of a block
+    A record is either a value (summarised by `summarise`) or a row of a block
     of summaries already computed, such as those a loop accumulated.
     """
 
@@ -84,7 +84,7 @@ class Collector:
 
     def summaries(self) -> dict[str, jax.Array]:
         """The summaries of every record, one row each, in evaluation order."""
-        values = _summaries(self._values, self.bins, self.formats, self.sample)
+        values = summarise(self._values, self.bins, self.formats, self.sample)
         if not self._blocks:
             return values
         pieces = [values, *self._blocks]

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from mpjax.formats import get_format
 
-if TYPE_CHECKING:
-    from mpjax._profile_report import ProfileReport
+__all__ = ["ExponentCounts", "range_figure"]
 
-__all__ = ["range_figure"]
+
+class ExponentCounts(Protocol):
+    """What the figure reads from a report such as a `ProfileReport`: records with
+    a ``histogram`` of counts per exponent and a ``label``, and the exponents the
+    histogram bins stand for."""
+
+    @property
+    def records(self) -> Sequence[Any]: ...
+
+    def exponents(self) -> np.ndarray: ...
 
 
 def _exponent_range(fmt: Any) -> tuple[int, int]:
@@ -20,7 +29,7 @@ def _exponent_range(fmt: Any) -> tuple[int, int]:
 
 
 def range_figure(
-    report: ProfileReport,
+    report: ExponentCounts,
     formats: tuple[str, ...],
     *,
     title: str | None = None,

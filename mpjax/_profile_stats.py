@@ -164,7 +164,7 @@ def _median_rel_errors(
     return _nanmedian_last(jnp.stack(errors, axis=1))
 
 
-def _summaries(
+def summarise(
     values: Sequence[jax.Array],
     bins: tuple[int, int],
     formats: Sequence[NumberFormat],

@@ -31,7 +31,7 @@ import numpy as np
 
 from mpjax._profile import DEFAULT_BINS, check_settings
 from mpjax._profile_report import DEFAULT_FORMATS, ProfileReport, Record
-from mpjax._profile_stats import _summaries
+from mpjax._profile_stats import summarise
 from mpjax.formats import get_format
 
 __all__ = ["RangeProbe"]
@@ -123,7 +123,7 @@ class RangeProbe:
                 excluded.append(jnp.int32(0))
             arrays.append(x)
         fmts = [get_format(name) for name in self.formats]
-        stats = _summaries(arrays, self.bins, fmts, self.sample)
+        stats = summarise(arrays, self.bins, fmts, self.sample)
         out = {}
         for i, (name, x) in enumerate(zip(values, arrays, strict=True)):
             row = {k: v[i] for k, v in stats.items()}

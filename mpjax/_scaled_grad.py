@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from mpjax._loss_scaling import _is_float_array, _wide, loss_scale_or_one
+from mpjax._loss_scaling import is_float_array, loss_scale_or_one, wide_dtype
 
 __all__ = ["nnx_value_and_grad", "scaled_value_and_grad"]
 
@@ -37,14 +37,14 @@ def _scale(out: Any, loss_scale: Any, has_aux: bool) -> tuple[Any, Any]:
     """``(loss * scale in float32 or wider, (loss, aux))`` of a loss function's
     output, after checking that the loss is a floating scalar."""
     loss, aux = out if has_aux else (out, None)
-    if not _is_float_array(loss) or jnp.ndim(loss) != 0:
+    if not is_float_array(loss) or jnp.ndim(loss) != 0:
         raise TypeError(
             "loss_fn must return a floating scalar"
             + (" as the first element of (loss, aux)" if has_aux else "")
             + f", got {getattr(loss, 'dtype', type(loss).__name__)} with shape "
             f"{jnp.shape(loss)}; reduce the loss (e.g. jnp.mean) and return it."
         )
-    wide = _wide(loss.dtype)
+    wide = wide_dtype(loss.dtype)
     scale = lax.stop_gradient(jnp.asarray(loss_scale, jnp.float32)).astype(wide)
     return loss.astype(wide) * scale, (loss, aux)
 

@@ -280,7 +280,8 @@ def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
         ``H + 1``, moving at ``-/+ gamma_dot H / 2``) and the linear shear profile
         ``(3, *shape)`` (the wall cells hold their wall velocity).
     """
-    from lbm_jax import CellType, Simulation
+    from lbm_jax._boundaries import CellType
+    from lbm_jax._simulation import Simulation
 
     opts = setup.options
     h = setup.n

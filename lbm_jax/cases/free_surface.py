@@ -370,7 +370,7 @@ def _impact_shape(dims: int, n: int, opts: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _walls(shape: tuple[int, ...]) -> np.ndarray:
-    from lbm_jax import CellType
+    from lbm_jax._boundaries import CellType
 
     cell_type = np.zeros(shape, np.int32)
     cell_type[..., 0] = cell_type[..., -1] = CellType.SOLID
@@ -379,7 +379,7 @@ def _walls(shape: tuple[int, ...]) -> np.ndarray:
 
 def build(setup: CaseSetup) -> tuple[Any, Any]:
     """The free surface of a prepared case and its initial state: ``(fs, state)``."""
-    from lbm_jax import Simulation
+    from lbm_jax._simulation import Simulation
     from lbm_jax.free_surface import FreeSurface, sphere_fill
 
     opts = setup.options
