@@ -207,12 +207,16 @@ def _package_versions() -> dict[str, str]:
     return versions
 
 
-def capture_environment(*, seed: int, scale: str) -> dict[str, Any]:
+def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any]:
     """Describe the software and hardware a result was produced on.
+
+    Every pipeline and benchmark records its environment with this one function.
 
     Args:
         seed: the run's base random seed.
-        scale: the run's scale (``"tiny"``, ``"quick"`` or ``"full"``).
+        scale: the run's scale (``"tiny"``, ``"quick"`` or ``"full"``), or ``None``
+            for a benchmark that has none (``scale`` and ``quick`` are then
+            ``None``).
 
     Returns:
         A JSON-ready dict: package versions, Python, platform, JAX backend, device kind
@@ -234,7 +238,7 @@ def capture_environment(*, seed: int, scale: str) -> dict[str, Any]:
         "git_commit": git_commit(),
         "seed": seed,
         "scale": scale,
-        "quick": scale != "full",
+        "quick": None if scale is None else scale != "full",
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import _framework
 from lbm_jax.bench import stream_bandwidths
 from mpjax import formats
 
@@ -226,9 +227,7 @@ def bench(
         "baseline_gbs_rounds": gbs,
         "copy_ms": copy_ms,
         "rows": rows,
-        "device": str(jax.devices()[0].device_kind),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__,
+        "environment": _framework.capture_environment(seed=seed),
     }
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import statistics
 import sys
 import time
@@ -37,6 +36,7 @@ import optax
 from flax import nnx
 
 import mpjax
+from experiments import _framework
 from experiments._models import MLP, classification_loss
 from experiments._stats import LEVEL, median_interval, verdict
 from experiments.bench_formats import check_json_path, time_call
@@ -136,9 +136,7 @@ def bench(
         "target": TARGET,
         "step_ms": 1e3 * statistics.median(times["step"]),
         "rows": rows,
-        "device": str(jax.devices()[0].device_kind),
-        "cpu_count": os.cpu_count(),
-        "jax": jax.__version__,
+        "environment": _framework.capture_environment(seed=seed),
     }
 
 
@@ -147,7 +145,7 @@ def table(result: dict[str, Any]) -> str:
     lines = [
         f"MLP 64-128-128-10, batch {result['batch']}, Adam step "
         f"{result['step_ms']:.3f} ms, median of {result['repeats']} rounds "
-        f"({result['device']})",
+        f"({result['environment']['device_kind']})",
         "",
         "| variant | values | profile ms | compile s | profile/step | "
         f"{LEVEL:.0%} interval | target | ok | interval verdict |",

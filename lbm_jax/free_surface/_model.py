@@ -54,6 +54,7 @@ from jax.typing import ArrayLike
 from lbm_jax._boundaries import CellType
 from lbm_jax._collision import collide, equilibrium, moments, reverse
 from lbm_jax._kernel import from_layout, to_layout
+from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
 from lbm_jax.free_surface._curvature import curvature
@@ -93,7 +94,7 @@ class FreeSurfaceState(NamedTuple):
     carry: jax.Array
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_attributes(data=("sim",), meta=("sigma", "gravity", "smoothing", "smagorinsky"))
 class FreeSurface:
     """A liquid with a free surface (volume of fluid) in a lattice Boltzmann flow.
 
@@ -174,24 +175,6 @@ class FreeSurface:
         self.sigma = sigma
         self.gravity = g
         self.smoothing = smoothing
-
-    # -- pytree protocol: the simulation's arrays are leaves -----------------------
-    def tree_flatten(self) -> tuple[tuple[Simulation], tuple]:
-        """Children (the simulation) and the static parameters."""
-        return (self.sim,), (
-            self.sigma,
-            self.gravity,
-            self.smoothing,
-            self.smagorinsky,
-        )
-
-    @classmethod
-    def tree_unflatten(cls, static: tuple, children: tuple) -> FreeSurface:
-        """Rebuild from :meth:`tree_flatten`'s parts."""
-        self = object.__new__(cls)
-        (self.sim,) = children
-        self.sigma, self.gravity, self.smoothing, self.smagorinsky = static
-        return self
 
     def __repr__(self) -> str:
         return f"FreeSurface({self.sim!r}, sigma={self.sigma}, gravity={self.gravity})"

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax.ibm._kernels import get_kernel, interpolate, spread
 from lbm_jax.ibm._membrane import Membrane
@@ -50,7 +51,7 @@ class IBMState(NamedTuple):
     nodes: jax.Array
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_attributes(data=("sim", "membrane"), meta=("delta",))
 class ImmersedBoundary:
     """A membrane immersed in a fluid, coupled by the immersed-boundary method.
 
@@ -103,19 +104,6 @@ class ImmersedBoundary:
         self.sim = sim
         self.membrane = membrane
         self.delta = get_kernel(4 if delta is None else delta)
-
-    # -- pytree protocol: the fluid's and the membrane's arrays are leaves ---------
-    def tree_flatten(self) -> tuple[tuple[Simulation, Membrane], Any]:
-        """Children (simulation, membrane) and the static delta function."""
-        return (self.sim, self.membrane), self.delta
-
-    @classmethod
-    def tree_unflatten(cls, delta: Any, children: tuple) -> ImmersedBoundary:
-        """Rebuild from :meth:`tree_flatten`'s parts."""
-        self = object.__new__(cls)
-        self.sim, self.membrane = children
-        self.delta = delta
-        return self
 
     @property
     def kernel(self) -> Any:

@@ -86,6 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from lbm_jax._pytree import pytree_attributes
 from lbm_jax._validation import check_real
 from lbm_jax.ibm._mesh import TriangleMesh, signed_volume
 
@@ -246,7 +247,7 @@ def _modulus(value: object, name: str) -> float:
     return value
 
 
-@jax.tree_util.register_pytree_node_class
+@pytree_attributes(data=("_ref",), meta=("_params",))
 class Membrane:
     """The elastic membrane of a capsule, stress-free in the shape of ``mesh``.
 
@@ -316,19 +317,6 @@ class Membrane:
             volume_modulus=_modulus(volume_modulus, "volume_modulus"),
         )
         self._ref = _reference(mesh)
-
-    # -- pytree protocol: reference arrays are leaves, the configuration static ---
-    def tree_flatten(self) -> tuple[_Reference, _Params]:
-        """Children (the reference arrays) and the static configuration."""
-        return self._ref, self._params
-
-    @classmethod
-    def tree_unflatten(cls, params: _Params, children: Any) -> Membrane:
-        """Rebuild a membrane from :meth:`tree_flatten`'s parts."""
-        self = object.__new__(cls)
-        self._params = params
-        self._ref = _Reference(*children)
-        return self
 
     # -- read-only configuration ------------------------------------------------
     @property
