@@ -60,6 +60,7 @@ __all__ = [
     "available",
     "library_path",
     "make_native_step_into",
+    "parse_kernel",
     "select",
     "supported",
     "unavailable_reason",
@@ -288,6 +289,25 @@ def supported(
 KERNELS = ("auto", "native", "gpu", "xla")
 
 
+def parse_kernel(kernel: str) -> str:
+    """``kernel`` checked and spelled as in :data:`KERNELS` (any case accepted,
+    as for ``collision`` and ``streaming``).
+
+    Raises:
+        ValueError: An unknown ``kernel``.
+        TypeError: A ``kernel`` that is not a string.
+
+    >>> parse_kernel(" XLA ")
+    'xla'
+    """
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a str, one of {KERNELS}, got {kernel!r}.")
+    key = kernel.strip().lower()
+    if key not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
+    return key
+
+
 def select(
     kernel: str,
     lattice: Lattice,
@@ -303,7 +323,7 @@ def select(
 
     Args:
         kernel: ``"auto"`` (native where :func:`supported`, else XLA), ``"native"``
-            (required: ``ValueError`` when not supported) or ``"xla"``.
+            (required: ``ValueError`` when not supported) or ``"xla"``, any case.
         lattice, storage, model: The configuration.
         shape: A device's sub-domain.
         split_across: Whether the grid is split along y or z (the native step
@@ -315,10 +335,7 @@ def select(
             the native step does not cover (the message says why).
         TypeError: A ``kernel`` that is not a string.
     """
-    if not isinstance(kernel, str):
-        raise TypeError(f"kernel must be a str, one of {KERNELS}, got {kernel!r}.")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
+    kernel = parse_kernel(kernel)
     if kernel in ("xla", "gpu"):  # "gpu": see lbm_jax._gpu
         return False
     ok = not split_across and supported(

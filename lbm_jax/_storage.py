@@ -68,10 +68,17 @@ _POLICIES: dict[str, tuple[str, str, str]] = {
 _CONTAINERS: dict[np.dtype, np.dtype] = {
     np.dtype(jnp.bfloat16): np.dtype(np.uint16),
 }
+# Every spelling of a policy, lower case: its canonical and short names, and its
+# format's name with the format's aliases (``"bfloat16"``, ``"bf16"``).
 _LOOKUP: dict[str, str] = {}
-for _canon, (_short, _, _) in _POLICIES.items():
+for _canon, (_short, _, _fmt) in _POLICIES.items():
     _LOOKUP[_canon.lower()] = _canon
     _LOOKUP[_short.lower()] = _canon
+    _LOOKUP[_fmt.lower()] = _canon
+for _alias, _fmt_name in _formats.format_aliases().items():
+    _owner = next((c for c, (_, _, f) in _POLICIES.items() if f == _fmt_name), None)
+    if _owner is not None:
+        _LOOKUP.setdefault(_alias.lower(), _owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,9 +154,11 @@ def get_storage(
     """Return a storage policy by name.
 
     Args:
-        name: Canonical (``"FP32/FP16S"``) or short (``"fp16s"``) name, matched
-            case-insensitively; a :class:`StoragePolicy` is returned as is, or
-            with ``shift`` applied when ``shift`` is given.
+        name: Canonical (``"FP32/FP16S"``) or short (``"fp16s"``) name, or the
+            name of the stored format or one of its aliases (``"bfloat16"``,
+            ``"bf16"``, ``"float16"``), matched case-insensitively; a
+            :class:`StoragePolicy` is returned as is, or with ``shift`` applied
+            when ``shift`` is given.
         shift: Store DDF-shifted populations ``f_i - w_i`` (recommended);
             ``None`` keeps a policy's own flag, and means ``True`` for a name.
 
@@ -172,8 +181,9 @@ def get_storage(
     if canon is None:
         raise ValueError(
             f"Unknown storage policy {name!r}; expected one of "
-            f"{list_storages()} or the short names "
-            f"{tuple(v[0] for v in _POLICIES.values())}."
+            f"{list_storages()}, the short names "
+            f"{tuple(v[0] for v in _POLICIES.values())} or a stored format's name "
+            f"{tuple(v[2] for v in _POLICIES.values())}."
         )
     _, compute, fmt = _POLICIES[canon]
     return StoragePolicy(

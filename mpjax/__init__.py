@@ -19,7 +19,7 @@ from mpjax._loss_scaling import (
     static_loss_scaling,
 )
 from mpjax._parallel import batch_sharding, shard_batch, shard_state, state_shardings
-from mpjax._policy import Policy, get_policy
+from mpjax._policy import Policy, get_policy, list_policies
 from mpjax._profile import profile, profile_program
 from mpjax._profile_report import ProfileReport, RangeFractions, Record
 from mpjax._range import RangeProbe
@@ -50,6 +50,7 @@ __all__ = [
     "get_loss_scale",
     "get_policy",
     "get_skipped_steps",
+    "list_policies",
     "make_train_step",
     "no_loss_scaling",
     "policy_apply",

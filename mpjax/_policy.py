@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mpjax.formats import require_x64
+from mpjax.formats import format_aliases, get_format, list_formats, require_x64
 
-__all__ = ["Policy", "get_policy", "parse_dtype"]
+__all__ = ["Policy", "get_policy", "list_policies", "parse_dtype"]
 
 T = TypeVar("T")
 
@@ -45,17 +45,14 @@ _FLOAT8_NAMES = (
 
 
 def _build_name_table() -> Mapping[str, np.dtype]:
-    table: dict[str, np.dtype] = {
-        "full": np.dtype(jnp.float32),
-        "f32": np.dtype(jnp.float32),
-        "float32": np.dtype(jnp.float32),
-        "f64": np.dtype(jnp.float64),
-        "float64": np.dtype(jnp.float64),
-        "bf16": np.dtype(jnp.bfloat16),
-        "bfloat16": np.dtype(jnp.bfloat16),
-        "f16": np.dtype(jnp.float16),
-        "float16": np.dtype(jnp.float16),
-    }
+    """Dtype names: the native formats of :mod:`mpjax.formats` with their aliases
+    (one list of spellings for formats and policies), ``full``, and the float8
+    dtypes the registry does not hold."""
+    table: dict[str, np.dtype] = {"full": np.dtype(jnp.float32)}
+    for name in (*list_formats(), *format_aliases()):
+        dtype = np.dtype(get_format(name).storage_dtype)
+        if dtype.name == get_format(name).name:  # native: arrays can be cast to it
+            table[name.lower()] = dtype
     for name in _FLOAT8_NAMES:
         scalar_type = getattr(jnp, name, None)
         if scalar_type is None:  # older ml_dtypes/jax without this format
@@ -338,6 +335,27 @@ def _parse_spec(spec: str) -> Policy:
     compute = values.get("compute", param)
     output = values.get("output", compute)
     return Policy(param, compute, output)
+
+
+def list_policies() -> tuple[str, ...]:
+    """Named policies :func:`get_policy` accepts, canonical spellings.
+
+    One per floating dtype (that dtype for params, compute and output), ``"half"``,
+    and Keras-style ``"mixed_<dtype>"`` for every narrower dtype (float32 params
+    and output). Aliases of the dtype names (``"bf16"``, ``"f16"``; see
+    :func:`parse_dtype`) and the ``key=dtype`` grammar (``"p=f32,c=bf16"``) are
+    accepted too.
+
+    >>> "mixed_bfloat16" in list_policies()
+    True
+    """
+    dtypes = sorted({d.name for d in _NAME_TO_DTYPE.values()}, key=_width_then_name)
+    narrow = [d for d in dtypes if np.dtype(d).itemsize < 4]
+    return (*dtypes, "half", *(f"mixed_{d}" for d in narrow))
+
+
+def _width_then_name(name: str) -> tuple[int, str]:
+    return -np.dtype(name).itemsize, name
 
 
 def get_policy(spec: str | Policy | Any) -> Policy:

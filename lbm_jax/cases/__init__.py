@@ -94,7 +94,7 @@ def prepare_case(
     n: int | None = None,
     re: float | None = None,
     storage: str = "fp32",
-    shift: bool = True,
+    shift: bool | None = None,
     steps: int | None = None,
     **case_options: Any,
 ) -> CaseSetup:
@@ -186,7 +186,7 @@ def run_case(
     n: int | None = None,
     re: float | None = None,
     storage: str = "fp32",
-    shift: bool = True,
+    shift: bool | None = None,
     steps: int | None = None,
     out_dir: str | os.PathLike[str] | None = None,
     progress: bool = False,
@@ -203,7 +203,8 @@ def run_case(
             cavity side, cylinder diameter); default per case.
         re: Reynolds number; default per case.
         storage: Storage policy name (``"fp32"``, ``"FP32/FP16S"``, ...).
-        shift: DDF-shifting of the stored populations.
+        shift: DDF-shifting of the stored populations; ``None`` (default) as
+            :func:`lbm_jax.get_storage`: on for a name, a policy's own flag.
         steps: Time steps; default: long enough for the steady or periodic state
             (steady cases stop early once converged).
         out_dir: If given, write ``fields.npz`` (``rho``, ``u`` and the case's time
@@ -242,7 +243,9 @@ def run_case(
                 "checkpoint_every and resume need out_dir: the checkpoints live in "
                 "out_dir/checkpoints."
             )
-        arguments = {"n": n, "re": re, "storage": storage, "shift": shift}
+        # The shift as resolved, so that runs started with shift=True resume.
+        arguments = {"n": n, "re": re, "storage": storage}
+        arguments.update(shift=setup.storage.shift)
         arguments.update(steps=steps, **case_options)
         checkpoint = _checkpoint_policy(
             Path(out_dir), case, arguments, setup, checkpoint_every, resume, overwrite

@@ -362,10 +362,13 @@ def merge_options(
     return out
 
 
-def resolve_storage(storage: Any, shift: bool) -> StoragePolicy:
-    """Storage policy by name, checked to be usable (x64 enabled for FP64)."""
-    if not isinstance(shift, bool):
-        raise TypeError(f"shift must be a bool, got {shift!r}.")
+def resolve_storage(storage: Any, shift: bool | None) -> StoragePolicy:
+    """Storage policy by name, checked to be usable (x64 enabled for FP64).
+
+    ``shift`` ``None``: as :func:`lbm_jax.get_storage` (on for a name).
+    """
+    if shift is not None and not isinstance(shift, bool):
+        raise TypeError(f"shift must be a bool or None, got {shift!r}.")
     policy = get_storage(storage, shift=shift)
     policy.check_enabled()
     return policy
@@ -384,7 +387,7 @@ def prepare(
     n: int | None,
     re: float | None,
     storage: Any,
-    shift: bool,
+    shift: bool | None,
     steps: int | None,
     **options: Any,
 ) -> CaseSetup:

@@ -64,7 +64,13 @@ unchanged (quantisation-aware training); otherwise its gradient is zero.
 from mpjax.formats._base import NumberFormat, require_x64
 from mpjax.formats._minifloat import MinifloatFormat, minifloat
 from mpjax.formats._posit import PositFormat, posit
-from mpjax.formats._registry import facts_table, get_format, list_formats, round
+from mpjax.formats._registry import (
+    facts_table,
+    format_aliases,
+    get_format,
+    list_formats,
+    round,
+)
 from mpjax.formats._scaled import ScaledFormat, scaled
 
 __all__ = [
@@ -73,6 +79,7 @@ __all__ = [
     "PositFormat",
     "ScaledFormat",
     "facts_table",
+    "format_aliases",
     "get_format",
     "list_formats",
     "minifloat",

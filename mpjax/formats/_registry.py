@@ -13,7 +13,7 @@ from mpjax.formats._minifloat import minifloat
 from mpjax.formats._posit import posit
 from mpjax.formats._scaled import scaled
 
-__all__ = ["get_format", "list_formats", "round", "facts_table"]
+__all__ = ["facts_table", "format_aliases", "get_format", "list_formats", "round"]
 
 
 def _build() -> Mapping[str, NumberFormat]:
@@ -65,7 +65,37 @@ def _build() -> Mapping[str, NumberFormat]:
 
 
 _REGISTRY = _build()
-_BY_LOWER = types.MappingProxyType({k.lower(): v for k, v in _REGISTRY.items()})
+
+# Other spellings of registered formats: the short dtype names of the policy
+# grammar and the lbm_jax storage short names.
+_ALIASES = types.MappingProxyType(
+    {
+        "f64": "float64",
+        "fp64": "float64",
+        "f32": "float32",
+        "fp32": "float32",
+        "bf16": "bfloat16",
+        "f16": "float16",
+        "fp16": "float16",
+        "f8e4m3fn": "float8_e4m3fn",
+        "f8e5m2": "float8_e5m2",
+    }
+)
+_BY_LOWER = types.MappingProxyType(
+    {k.lower(): v for k, v in _REGISTRY.items()}
+    | {alias: _REGISTRY[name] for alias, name in _ALIASES.items()}
+)
+
+
+def format_aliases() -> Mapping[str, str]:
+    """Other accepted spellings of registered formats: alias -> name.
+
+    Every function that takes a format name accepts these (case-insensitively).
+
+    >>> format_aliases()["bf16"]
+    'bfloat16'
+    """
+    return _ALIASES
 
 
 def list_formats() -> tuple[str, ...]:
@@ -83,7 +113,8 @@ def get_format(name: str | NumberFormat) -> NumberFormat:
     A `NumberFormat` is returned unchanged, so functions can accept either.
 
     Args:
-        name: a name from `list_formats()`, e.g. "fp16c", or a `NumberFormat`.
+        name: a name from `list_formats()`, e.g. "fp16c", or one of its aliases
+            (`format_aliases()`, e.g. "bf16"), any case; or a `NumberFormat`.
 
     Returns:
         The format.
@@ -102,12 +133,12 @@ def get_format(name: str | NumberFormat) -> NumberFormat:
             f"format name must be a str or NumberFormat, got {type(name).__name__} "
             f"{name!r}"
         )
-    fmt = _BY_LOWER.get(name.lower())
+    fmt = _BY_LOWER.get(name.strip().lower())
     if fmt is None:
         raise ValueError(
             f"unknown number format {name!r}; registered formats: "
-            f"{', '.join(_REGISTRY)}. Build others with minifloat(), scaled() or "
-            "posit()"
+            f"{', '.join(_REGISTRY)} (or an alias: {', '.join(_ALIASES)}). Build "
+            "others with minifloat(), scaled() or posit()"
         )
     return fmt
 
