@@ -36,7 +36,11 @@ def test_stream_bandwidths_count_bytes_read_and_written(monkeypatch):
 
 @pytest.mark.parametrize(("storage", "bytes_per_cell"), [("fp32", 72), ("fp16s", 36)])
 def test_bench_reports_mlups_and_bytes_per_cell(storage, bytes_per_cell):
+    import jax
+
     r = bench("D2Q9", 32, storage, steps=3, repeats=2, bandwidth=10.0)
+    # by default the grid is split over the local devices (32 divides by 2)
+    assert r["devices"] == jax.local_device_count()
     assert r["bytes_per_cell"] == bytes_per_cell
     assert r["cells"] == 32 * 32
     assert r["mlups"] > 0
@@ -60,18 +64,15 @@ def test_bench_flow_is_a_divergence_free_vortex_field(d):
     assert np.max(np.abs(div)) < 1e-12
 
 
-def test_bench_splits_over_local_devices_by_default():
-    import jax
-
-    r = bench("D2Q9", 32, "fp32", steps=2, repeats=1, bandwidth=10.0)
-    assert r["devices"] == jax.local_device_count()
+def test_bench_runs_on_one_device_when_the_grid_does_not_divide():
+    # (the default split over the local devices: test_bench_reports_mlups_...)
     r1 = bench("D2Q9", 33, "fp32", steps=2, repeats=1, bandwidth=10.0)
     assert r1["devices"] == 1  # 33 is not divisible by 2 devices
     with pytest.raises(ValueError, match="devices"):
         bench("D2Q9", 32, "fp32", steps=2, devices=64, bandwidth=10.0)
 
 
-def test_bench_reports_the_decomposition_and_its_halo_traffic(tmp_path):
+def test_bench_reports_the_decomposition_and_its_halo_traffic():
     import jax
 
     if jax.local_device_count() < 2:
@@ -80,22 +81,9 @@ def test_bench_reports_the_decomposition_and_its_halo_traffic(tmp_path):
     assert r["devices"] == 2 and r["decomposition"] == [1, 2, 1]
     # two blocks, each sends two y-layers of (8 + 2) x 8 cells, 19 values of 2 B
     assert r["halo_bytes"] == 2 * 2 * 10 * 8 * 19 * 2
-    one = bench("D3Q19", 8, "fp16s", steps=2, repeats=1, devices=1, bandwidth=1.0)
+    one = bench("D3Q19", 8, "fp16c", steps=2, repeats=1, devices=1, bandwidth=1.0)
     assert one["decomposition"] == [1, 1, 1] and one["halo_bytes"] == 0
-    path = tmp_path / "split.json"
-    argv = ["bench", "--lattice", "D2Q9", "--n", "16", "--steps", "2", "--repeats"]
-    argv += ["1", "--storage", "fp32,fp16s", "--rounds", "2", "--devices", "1x2"]
-    assert main([*argv, "--json", str(path)]) == 0
-    for result in json.loads(path.read_text())["results"]:
-        assert result["decomposition"] == [1, 2] and result["devices"] == 2
-        # two blocks, two y-layers of (16 + 2) cells, 9 values each
-        assert result["halo_bytes"] == 2 * 2 * 18 * 9 * result["bytes_per_cell"] // 18
-
-
-def test_bench_d3q19_bytes_per_cell():
-    r = bench("D3Q19", 8, "fp16c", steps=2, repeats=1, bandwidth=10.0)
-    assert r["bytes_per_cell"] == 2 * 19 * 2
-    assert r["lattice"] == "D3Q19"
+    assert one["bytes_per_cell"] == 2 * 19 * 2 and one["lattice"] == "D3Q19"
 
 
 @pytest.mark.parametrize(
@@ -114,25 +102,42 @@ def test_bench_rejects_bad_arguments(kwargs, match):
         bench(args.pop("lattice"), args.pop("n"), args.pop("storage"), **args)
 
 
-def test_cli_bench_writes_json(tmp_path, capsys):
-    path = tmp_path / "bench.json"
-    argv = ["bench", "--lattice", "D2Q9", "--n", "32", "--steps", "2"]
-    assert main([*argv, "--repeats", "1", "--json", str(path)]) == 0
-    report = json.loads(path.read_text())
-    (r,) = report["results"]
+@pytest.fixture(scope="module")
+def cli_pair(tmp_path_factory):
+    """One ``python -m lbm_jax bench`` run, shared by the CLI tests: two storages
+    side by side over three rounds, the grid split in y over two devices."""
+    import contextlib
+    import io
+
+    path = tmp_path_factory.mktemp("bench") / "pair.json"
+    argv = ["bench", "--lattice", "D2Q9", "--n", "16", "--steps", "2", "--repeats"]
+    argv += ["1", "--storage", "fp16s,fp32", "--rounds", "3", "--devices", "1x2"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main([*argv, "--json", str(path)])
+    return code, json.loads(path.read_text()), out.getvalue()
+
+
+def test_cli_bench_writes_json(cli_pair):
+    code, report, out = cli_pair
+    assert code == 0
+    by_name = {r["storage"]: r for r in report["results"]}
+    r = by_name["FP32/FP32"]
     assert r["mlups"] > 0 and r["bytes_per_cell"] == 72
     assert report["bandwidth_gbs"] > 0
-    assert "roofline" in capsys.readouterr().out
+    assert "roofline" in out
 
 
-def test_cli_bench_compares_storages_side_by_side_over_rounds(tmp_path, capsys):
-    path = tmp_path / "pair.json"
-    argv = ["bench", "--lattice", "D2Q9", "--n", "32", "--steps", "2", "--repeats", "1"]
-    assert (
-        main([*argv, "--storage", "fp16s,fp32", "--rounds", "3", "--json", str(path)])
-        == 0
-    )
-    report = json.loads(path.read_text())
+def test_cli_bench_reports_the_split_and_its_halo_traffic(cli_pair):
+    _, report, _ = cli_pair
+    for result in report["results"]:
+        assert result["decomposition"] == [1, 2] and result["devices"] == 2
+        # two blocks, two y-layers of (16 + 2) cells, 9 values each
+        assert result["halo_bytes"] == 2 * 2 * 18 * 9 * result["bytes_per_cell"] // 18
+
+
+def test_cli_bench_compares_storages_side_by_side_over_rounds(cli_pair):
+    _, report, out = cli_pair
     assert report["rounds"] == 3
     by_name = {r["storage"]: r for r in report["results"]}
     assert set(by_name) == {"FP32/FP16S", "FP32/FP32"}
@@ -145,7 +150,7 @@ def test_cli_bench_compares_storages_side_by_side_over_rounds(tmp_path, capsys):
     assert fp16s["vs_fp32_rounds"] == pytest.approx(expected)
     assert fp16s["vs_fp32"] == pytest.approx(sorted(expected)[1])
     assert fp32["vs_fp32"] == 1.0
-    assert "vs FP32" in capsys.readouterr().out
+    assert "vs FP32" in out
 
 
 def test_cli_bench_rejects_bad_rounds_and_storage_lists():
