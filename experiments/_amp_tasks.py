@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments import _data, _models
+from experiments import _data, _framework, _models
 
 __all__ = ["SETTINGS", "Metric", "Settings", "Task", "make_tasks"]
 
@@ -127,11 +127,7 @@ def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
     Returns:
         ``{"mlp": Task, "unet": Task, "bert": Task}``.
     """
-    if scale not in SETTINGS:
-        raise ValueError(
-            f"scale must be one of {sorted(SETTINGS)}, got {scale!r}; pass 'quick'."
-        )
-    s = SETTINGS[scale]
+    s = _framework.settings_for(SETTINGS, scale)
     digits = _data.digits(seed=seed)
     noisy = _data.noisy_digits(seed=seed)
     codes = _data.python_text()

@@ -162,7 +162,7 @@ def settings_for(table: Mapping[str, _S], scale: str) -> _S:
     """
     if scale not in table:
         raise ValueError(
-            f"scale is {scale!r}, expected one of {tuple(table)}; pick a known scale."
+            f"scale must be one of {tuple(table)}, got {scale!r}; pick a known scale."
         )
     return table[scale]
 
