@@ -231,6 +231,7 @@ class Simulation:
         kernel_force = (
             [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None
         )
+        kernel = _native.parse_kernel(kernel)  # any case, before either choice
         split_yz = decomp is not None and any(s > 1 for s in decomp.splits[1:])
         gpu = _select_gpu(kernel, lat, pol, model, local, split_yz)
         native = not gpu and _native.select(
