@@ -16,6 +16,7 @@ from flax import nnx
 from flax.linen import fp8_ops
 from jax import lax
 
+from mpjax import formats
 from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue
 
 __all__ = [
@@ -29,11 +30,16 @@ __all__ = [
 def _quantize(x: jax.Array, dtype: np.dtype, scale: jax.Array) -> jax.Array:
     """``x / scale`` saturated to the fp8 range; infinities stay non-finite so that
     an overflow still reaches the loss scaler (``float8_e4m3fn`` turns them to NaN).
+
+    The fp8 rounding is the format's integer codec, not a convert: a convert
+    pair f32 -> fp8 -> f32 is removed by XLA's GPU compiler (excess precision),
+    which would skip the quantisation there.
     """
     scaled = x.astype(jnp.float32) / scale
     limit = fp8_ops.get_fp8_max(dtype, jnp.float32)
     clipped = jnp.clip(scaled, -limit, limit)
-    return jnp.where(jnp.isinf(scaled), scaled, clipped).astype(dtype)
+    fmt = formats.get_format(np.dtype(dtype).name)
+    return fmt.encode(jnp.where(jnp.isinf(scaled), scaled, clipped))
 
 
 def _dequantize(q: jax.Array, scale: jax.Array, dtype: Any) -> jax.Array:

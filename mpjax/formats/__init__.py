@@ -6,12 +6,15 @@ three general constructors, `minifloat`, `scaled` and `posit`, and the registry
 (`get_format`, `list_formats`) names the common ones:
 
 float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2
-    native IEEE-style formats; `encode` is a dtype cast (XLA rounds to nearest
-    even; overflow gives Inf, or NaN for float8_e4m3fn, which has no Inf; NaN
-    stays NaN, with the payload the cast keeps). float64 input to the 16- and
-    8-bit formats goes through the bit codec instead, because XLA's casts from
-    float64 round twice (via float32). float64 storage needs x64 enabled;
-    without it, encode/decode raise ValueError saying how to enable it.
+    native IEEE-style formats stored in their own dtype. A narrowing `encode`
+    rounds on the integer bit pattern (to nearest even; overflow gives Inf, or
+    NaN for float8_e4m3fn, which has no Inf; NaN gives the quiet NaN of its
+    sign) and reinterprets the code as the dtype; widening is a cast. No
+    convert instruction rounds, so no compiler can remove the rounding (XLA's
+    GPU compiler drops convert pairs such as f32 -> f16 -> f32) and the bits
+    are the same on every backend, also fused into larger programs. float64
+    storage needs x64 enabled; without it, encode/decode raise ValueError
+    saying how to enable it.
 fp16s
     `scaled(float16, 15)`: float16 storage of `x * 2**15`, range [2**-39, 2).
 fp16c
@@ -51,8 +54,9 @@ NaR). Posits also never round a non-zero value to 0 (it becomes +-minpos).
 
 All rounding is to nearest, ties to even. Minifloats keep signed zeros; posits
 have a single zero. Inputs may be float16, bfloat16, float32 or (with x64)
-float64; without x64, JAX has already turned float64 data into float32 before
-`encode` sees it. `round(x, straight_through=True)` passes gradients through
+float64. float64 inputs are rounded once, directly to the format, on every
+backend (not through float32, which XLA's casts do on the CPU); without x64,
+JAX has already turned float64 data into float32 before `encode` sees it. `round(x, straight_through=True)` passes gradients through
 unchanged (quantisation-aware training); otherwise its gradient is zero.
 
 >>> from mpjax import formats

@@ -54,8 +54,12 @@ def source_layout(dtype: np.dtype) -> SourceLayout:
 
 
 def storage_uint(bits: int) -> np.dtype:
-    """The smallest unsigned dtype (uint8 or uint16) that holds `bits` bits."""
-    return np.dtype(np.uint8) if bits <= 8 else np.dtype(np.uint16)
+    """The smallest unsigned dtype (uint8, uint16 or uint32) that holds `bits`
+    bits."""
+    for dtype in (np.uint8, np.uint16):
+        if bits <= 8 * np.dtype(dtype).itemsize:
+            return np.dtype(dtype)
+    return np.dtype(np.uint32)
 
 
 def rne_shift_right(value: jax.Array, shift: jax.Array) -> jax.Array:

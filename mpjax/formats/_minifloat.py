@@ -146,12 +146,16 @@ class MinifloatFormat(NumberFormat):
     def _encode(self, x: jax.Array) -> jax.Array:
         if self.native is None:
             return self._encode_bits(x).astype(self.storage_dtype)
-        if self.bits <= 16 and x.dtype == np.dtype(np.float64):
-            # XLA converts float64 to 16-bit floats through float32 (double
-            # rounding); the bit codec rounds once.
-            codes = self._encode_bits(x).astype(storage_uint(self.bits))
-            return lax.bitcast_convert_type(codes, self.storage_dtype)
-        return x.astype(self.storage_dtype)
+        if self.bits >= 8 * x.dtype.itemsize:  # float32 -> float32/float64: exact
+            return x.astype(self.storage_dtype)
+        # A narrowing cast rounds on the integer bit pattern, then reinterprets
+        # the code as the native dtype. A convert instruction would not do:
+        # XLA's GPU compiler removes convert pairs such as f32 -> f16 -> f32
+        # (excess precision), so `round` would return its input there; and it
+        # converts float64 to 16-bit floats through float32 (double rounding)
+        # on the CPU. The integer codec rounds once, the same on every backend.
+        codes = self._encode_bits(x).astype(storage_uint(self.bits))
+        return lax.bitcast_convert_type(codes, self.storage_dtype)
 
     def _encode_bits(self, x: jax.Array) -> jax.Array:
         src = source_layout(x.dtype)
