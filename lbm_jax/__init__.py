@@ -20,6 +20,7 @@ from lbm_jax._io import load_state, save_state, write_vti, write_vtp
 from lbm_jax._kernel_inplace import Streaming
 from lbm_jax._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax._loop import History
+from lbm_jax._native_build import NativeStepWarning
 from lbm_jax._observables import (
     density,
     momentum_exchange_force,
@@ -52,6 +53,7 @@ __all__ = [
     "LBMState",
     "ResumeError",
     "Lattice",
+    "NativeStepWarning",
     "RunResult",
     "RunStats",
     "Samples",

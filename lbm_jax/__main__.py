@@ -23,6 +23,7 @@ Usage::
                             [--json FILE]
     python -m lbm_jax bench --all [--collision C] [--steps S] [--repeats R]
                             [--rounds K] [--json FILE]
+    python -m lbm_jax build-native   # build the native CPU step now, or say why not
 
 ``--n`` counts cells across each case's characteristic length: the cylinder
 diameter in the cylinder cases, the drop diameter in the impacts, the channel
@@ -265,6 +266,13 @@ def build_parser() -> _Parser:
         "--progress", action="store_true", help="show a progress bar (default: off)"
     )
 
+    build_native = sub.add_parser(
+        "build-native",
+        help="build the native CPU step now; print where it is or why not",
+        description="Build (or find in the cache) the native CPU step's library "
+        "and print its path, or why it is unavailable (exit status 1).",
+    )
+
     full = " and ".join(f"{lat} {n}^{lat[1]}" for lat, n in FULL_PROBLEMS)
     bench = sub.add_parser("bench", help="measure MLUPs on a periodic box")
     bench.add_argument(
@@ -340,7 +348,7 @@ def build_parser() -> _Parser:
         default=None,
         help="write results to this JSON file (default: none, the table only)",
     )
-    parser.commands.update(run=run, bench=bench)
+    parser.commands.update({"run": run, "bench": bench, "build-native": build_native})
     return parser
 
 
@@ -533,6 +541,7 @@ def _short_summary(result: CaseResult, seconds: float) -> str:
     grid = " x ".join(map(str, result.fields["rho"].shape))
     re_text = f", Re {s['re']:.4g}" if info.re else ""
     speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
+    speed += f", kernel {s['kernel']}" if s.get("kernel") else ""
     shift = "" if s["shift"] else ", no shift"
     lines = [
         f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,
@@ -633,7 +642,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = parser.commands[args.command]  # its errors show its own usage
     if args.command == "run":
         return _run(args, command)
+    if args.command == "build-native":
+        return _build_native()
     return _bench(args, command)
+
+
+def _build_native() -> int:
+    from lbm_jax import _native
+
+    why = _native.unavailable_reason()
+    if why is not None:
+        print(f"native CPU step unavailable (the XLA step runs): {why}")
+        return 1
+    print(f"native CPU step: {_native.library_path()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -375,7 +375,8 @@ class Simulation:
     def __repr__(self) -> str:
         return (
             f"Simulation({self.lattice.name}, shape={self.shape}, tau={self.tau}, "
-            f"storage={self.storage}, collision={self.collision.kind.value})"
+            f"storage={self.storage}, collision={self.collision.kind.value}, "
+            f"kernel={self.kernel!r})"
         )
 
     # -- state construction and read-out ----------------------------------------

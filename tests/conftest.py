@@ -15,8 +15,33 @@ import os
 # before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
+from pathlib import Path  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+_ROOT = Path(__file__).resolve().parent.parent
+# Tests whose results depend on the backend (number formats, population storage,
+# the LBM step, loss scaling, Taylor-Green, the native CPU step, which skips
+# elsewhere): marked ``backend``; ``pytest -m "backend and not slow"`` is the
+# selection to run on a GPU (README, "On a GPU").
+BACKEND_SENSITIVE = (
+    "tests/mpjax/formats/",
+    "tests/mpjax/test_loss_scaling.py",
+    "tests/lbm_jax/test_storage.py",
+    "tests/lbm_jax/test_step.py",
+    "tests/lbm_jax/test_taylor_green.py",
+    "tests/lbm_jax/test_native.py",
+    "tests/lbm_jax/test_native_fallback.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        if path.is_relative_to(_ROOT):
+            if path.relative_to(_ROOT).as_posix().startswith(BACKEND_SENSITIVE):
+                item.add_marker(pytest.mark.backend)
 
 
 @pytest.fixture(autouse=True)

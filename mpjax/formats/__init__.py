@@ -8,8 +8,8 @@ three general constructors, `minifloat`, `scaled` and `posit`, and the registry
 float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2
     native IEEE-style formats stored in their own dtype. A narrowing `encode`
     rounds on the integer bit pattern (to nearest even; overflow gives Inf, or
-    NaN for float8_e4m3fn, which has no Inf; NaN gives the quiet NaN of its
-    sign) and reinterprets the code as the dtype; widening is a cast. No
+    NaN for float8_e4m3fn, which has no Inf; NaN keeps its sign and top
+    payload bits, with the quiet bit set) and reinterprets the code as the dtype; widening is a cast. No
     convert instruction rounds, so no compiler can remove the rounding (XLA's
     GPU compiler drops convert pairs such as f32 -> f16 -> f32) and the bits
     are the same on every backend, also fused into larger programs. float64

@@ -62,7 +62,9 @@ class MinifloatFormat(NumberFormat):
     the code with only the sign bit set). Overflow and special inputs:
 
     * IEEE formats: finite overflow -> +-Inf (or +-max when `saturating`); Inf ->
-      Inf; NaN -> the quiet NaN `S.11..1.10..0` (sign kept, payload dropped).
+      Inf; NaN -> the quiet NaN `S.11..1.10..0` (sign kept, payload dropped; the
+      native formats keep the top payload bits with the quiet bit set, as x86's
+      F16C conversion and lbm_jax's native step do, on every backend).
     * "fn" formats: overflow and Inf -> NaN (or +-max when `saturating`); NaN ->
       `S.11..1.11..1`.
     * formats without specials: overflow and Inf -> +-max (saturation); NaN -> the
@@ -210,6 +212,9 @@ class MinifloatFormat(NumberFormat):
         else:
             mag = jnp.minimum(mag, max_mag)
             sign = jnp.where(is_nan, c(0), sign)
+        if self.native is not None and self.has_inf:
+            # the top payload bits with the quiet bit set (as F16C converts)
+            nan_mag = nan_mag | ((a >> c(shift)) & c((1 << m) - 1))
         mag = jnp.where(is_nan, nan_mag, mag)
         return (sign << c(e + m)) | mag
 

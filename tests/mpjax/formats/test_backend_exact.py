@@ -22,8 +22,6 @@ from mpjax import formats
 from mpjax._fp8_ops import _quantize
 from tests.mpjax.formats._oracles import round_to_odd_float32
 
-pytestmark = pytest.mark.backend
-
 # format name -> dtype whose values it holds (fp16s: float16 of x * 2**15)
 NARROW = {
     "float16": np.dtype(np.float16),
