@@ -14,7 +14,16 @@ from lbm_jax import get_storage
 from lbm_jax.__main__ import build_parser, main
 from lbm_jax.cases import CASE_INFO, CASES, CLI_OPTIONS, case_defaults, prepare_case
 
-SUMMARY_KEYS = {"case", "lattice", "storage", "shift", "steps", "u_ref", "mlups"}
+SUMMARY_KEYS = {
+    "case",
+    "lattice",
+    "storage",
+    "shift",
+    "steps",
+    "u_ref",
+    "mlups",
+    "kernel",
+}
 
 
 @pytest.mark.parametrize(
@@ -76,6 +85,8 @@ def test_cli_run_writes_fields_summary_and_png(
     assert f"{summary['steps']} steps, storage {summary['storage']}" in printed
     assert f"full summary: {out / 'summary.json'}" in printed
     assert f"wrote {out / 'fields.npz'}" in printed
+    assert summary["kernel"] in ("native", "xla", "gpu")
+    assert f"kernel {summary['kernel']}" in printed
     for key in metrics & set(CASE_INFO[argv[0]].results):
         assert f"{key} " in printed
 
