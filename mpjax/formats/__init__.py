@@ -9,10 +9,11 @@ float64, float32, bfloat16, float16, float8_e4m3fn, float8_e5m2
     native IEEE-style formats stored in their own dtype. A narrowing `encode`
     rounds on the integer bit pattern (to nearest even; overflow gives Inf, or
     NaN for float8_e4m3fn, which has no Inf; NaN keeps its sign and top
-    payload bits, with the quiet bit set) and reinterprets the code as the dtype; widening is a cast. No
-    convert instruction rounds, so no compiler can remove the rounding (XLA's
-    GPU compiler drops convert pairs such as f32 -> f16 -> f32) and the bits
-    are the same on every backend, also fused into larger programs. float64
+    payload bits, with the quiet bit set) and reinterprets the code as the
+    dtype; widening is a cast. No convert instruction rounds, so no compiler
+    can remove the rounding (XLA's GPU compiler drops convert pairs such as
+    f32 -> f16 -> f32) and the bits are the same on every backend, also fused
+    into larger programs. float64
     storage needs x64 enabled; without it, encode/decode raise ValueError
     saying how to enable it.
 fp16s
@@ -56,8 +57,9 @@ All rounding is to nearest, ties to even. Minifloats keep signed zeros; posits
 have a single zero. Inputs may be float16, bfloat16, float32 or (with x64)
 float64. float64 inputs are rounded once, directly to the format, on every
 backend (not through float32, which XLA's casts do on the CPU); without x64,
-JAX has already turned float64 data into float32 before `encode` sees it. `round(x, straight_through=True)` passes gradients through
-unchanged (quantisation-aware training); otherwise its gradient is zero.
+JAX has already turned float64 data into float32 before `encode` sees it.
+`round(x, straight_through=True)` passes gradients through unchanged
+(quantisation-aware training); otherwise its gradient is zero.
 
 >>> from mpjax import formats
 >>> fmt = formats.get_format("fp16c")
