@@ -541,7 +541,7 @@ def _short_summary(result: CaseResult, seconds: float) -> str:
     grid = " x ".join(map(str, result.fields["rho"].shape))
     re_text = f", Re {s['re']:.4g}" if info.re else ""
     speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
-    speed += f", kernel {s['kernel']}" if s.get("kernel") else ""
+    speed += f", {s['step_kernel']} step" if s.get("step_kernel") else ""
     shift = "" if s["shift"] else ", no shift"
     lines = [
         f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,

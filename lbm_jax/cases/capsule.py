@@ -388,7 +388,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "kernel": sim.kernel,
+        "step_kernel": sim.kernel,
         "taylor_deformation": d_last,
         "deformation_theory": d_theory,
         "deformation_error": abs(d_last - d_theory) / d_theory if steady_d else None,

@@ -507,7 +507,7 @@ def _run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "kernel": fs.sim.kernel,
+        "step_kernel": fs.sim.kernel,
         "radius_volume": radius,
         "laplace_pressure": pressure,
         "laplace_theory": theory,
@@ -557,7 +557,7 @@ def _run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "kernel": fs.sim.kernel,
+        "step_kernel": fs.sim.kernel,
         "frequency": fit["frequency"],
         "frequency_error": abs(fit["frequency"] - w) / w,
         "damping": fit["damping"],
@@ -638,7 +638,7 @@ def _run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "kernel": fs.sim.kernel,
+        "step_kernel": fs.sim.kernel,
         "crown_exponent": exponent,
         "crown_prefactor": prefactor,
         "crown_fit_samples": int(window.sum()),

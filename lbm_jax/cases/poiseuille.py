@@ -158,7 +158,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "kernel": sim.kernel,
+        "step_kernel": sim.kernel,
         "force": g,
         "l2_error": float(
             np.linalg.norm(u[0] - exact[None])
