@@ -22,9 +22,10 @@ import pytest  # noqa: E402
 
 _ROOT = Path(__file__).resolve().parent.parent
 # Tests whose results depend on the backend (number formats, population storage,
-# the LBM step, loss scaling, Taylor-Green, the native CPU step, which skips
-# elsewhere): marked ``backend``; ``pytest -m "backend and not slow"`` is the
-# selection to run on a GPU (README, "On a GPU").
+# the LBM step, loss scaling, Taylor-Green, the native CPU step and the compiled
+# fused GPU step, each of which skips where its device is missing): marked
+# ``backend``; ``pytest -m "backend and not slow"`` is the selection to run on a
+# GPU (README, "On a GPU").
 BACKEND_SENSITIVE = (
     "tests/mpjax/formats/",
     "tests/mpjax/test_loss_scaling.py",
@@ -33,6 +34,7 @@ BACKEND_SENSITIVE = (
     "tests/lbm_jax/test_taylor_green.py",
     "tests/lbm_jax/test_native.py",
     "tests/lbm_jax/test_native_fallback.py",
+    "tests/lbm_jax/test_gpu_codecs.py",
 )
 
 
