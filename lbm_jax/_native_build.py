@@ -209,7 +209,7 @@ def _compile(cxx: str, include: list[Path], out: Path) -> str | None:
         status = f"exit status {proc.returncode}"
         if proc.returncode == 0:
             status = "exit status 0 but no library written"
-        why = f"compiling with {cxx} failed ({status}):\n{tail}\n"
+        why = f"compiling with {cxx} failed ({status}): {tail}"
     return why
 
 
