@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import lbm_jax
+from experiments.gpu_lbm_check import within_rounding
 from lbm_jax import _gpu
-from tests.lbm_jax.test_gpu_step import _assert_close, _flow
 
 pytestmark = pytest.mark.skipif(
     not _gpu.available(), reason=str(_gpu.unavailable_reason())
@@ -25,6 +25,8 @@ def test_compiled_gpu_step_runs_every_codec(storage):
     ref = lbm_jax.Simulation("D3Q19", shape, kernel="xla", **config)
     fused = lbm_jax.Simulation("D3Q19", shape, kernel="gpu", **config)
     assert fused.kernel == "gpu"
-    a = ref.advance(ref.init(u=_flow(3)), steps)
-    b = fused.advance(fused.init(u=_flow(3)), steps)
-    _assert_close(ref, fused, a, b, steps)
+    u = [0.02, -0.01, 0.015]
+    a = ref.advance(ref.init(u=u), steps)
+    b = fused.advance(fused.init(u=u), steps)
+    close, worst = within_rounding(ref, a.f, b.f, steps)
+    assert close, f"populations differ beyond rounding (up to {worst} codes)"
