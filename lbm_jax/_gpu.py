@@ -43,6 +43,7 @@ streaming modes.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,15 @@ __all__ = [
     "supported",
     "unavailable_reason",
 ]
+
+# jax 0.11 deprecates Pallas' Triton backend (in favour of Mosaic GPU, Hopper and
+# newer only) with a warning each time a kernel is lowered; it is the backend
+# this step is written for, and the warning says nothing its users can act on.
+warnings.filterwarnings(
+    "ignore",
+    message=r".*Pallas Triton backend is deprecated",
+    category=DeprecationWarning,
+)
 
 #: Most cells one program handles along the last grid axis (a power of two).
 BLOCK = 512
@@ -254,6 +264,36 @@ def _collide_cells(
     return out
 
 
+#: Formats whose rounding is the GPU's own narrowing conversion (one
+#: instruction: round to nearest, ties to even, IEEE overflow and subnormals).
+_NATIVE_NARROWING = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
+
+
+def _encode(storage: StoragePolicy, v: jax.Array) -> jax.Array:
+    """``storage.encode(v)`` inside a kernel.
+
+    float16, bfloat16 and float16 scaled by a power of two (fp16s) round by the
+    hardware conversion, which a kernel compiler keeps as written (the integer
+    codec of :mod:`mpjax.formats` guards the XLA programs, whose compiler may
+    drop a narrowing conversion; its bits are the same, NaN payloads aside);
+    every other format takes the storage policy's codec.
+    """
+    fmt = storage.format
+    scale = 0
+    inner = fmt
+    if getattr(fmt, "inner", None) is not None and hasattr(fmt, "exponent"):
+        inner, scale = fmt.inner, int(fmt.exponent)
+    native = _NATIVE_NARROWING.get(inner.name)
+    if native is None or np.dtype(storage.compute_dtype) != np.dtype(np.float32):
+        return storage.encode(v)
+    if scale:  # exact: a power of two
+        v = v * np.float32(2.0**scale)
+    code = v.astype(native)
+    if np.dtype(storage.storage_dtype) != np.dtype(native):  # bit patterns
+        code = lax.bitcast_convert_type(code, storage.storage_dtype)
+    return code
+
+
 def _dot(ci: np.ndarray, v: list[Any]) -> Any:
     """``sum_a c_a v_a`` for an integer velocity (only its non-zero terms)."""
     acc = None
@@ -339,7 +379,7 @@ class _Plan:
             shift=st.shift,
             force=self.force_at(refs, cells),
         )
-        return [st.encode(v) for v in out]
+        return [_encode(st, v) for v in out]
 
     def fixed_at(self, refs: dict[str, Any], cells: _Cells) -> jax.Array | None:
         """Whether each of the program's cells is non-fluid (``None``: none is)."""
@@ -439,6 +479,10 @@ def _call(
     pl, _ = _pallas()
     args = [*inputs, out]
     params = {} if plan.interpret else {"compiler_params": _compiler_params()}
+    return _pallas_call(pl, plan, kernel, out, args, params)
+
+
+def _pallas_call(pl, plan, kernel, out, args, params):
     return pl.pallas_call(
         kernel,
         out_shape=_like(out),
