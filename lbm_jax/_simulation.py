@@ -248,9 +248,7 @@ class Simulation:
             step_factory = _gpu.make_gpu_step_into
         else:
             step_factory = _native.make_native_step_into if native else make_step_into
-        inplace_factory = (
-            _gpu.make_gpu_advance_inplace if gpu else make_advance_inplace
-        )
+        inplace_factory = _gpu.make_gpu_advance_inplace if gpu else make_advance_inplace
         self._static = _Static(
             lattice=lat,
             shape=shape,
