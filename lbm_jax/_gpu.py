@@ -52,7 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import Collision, CollisionModel
+from lbm_jax._collision import CollisionModel
+from lbm_jax._gpu_cells import Cells, collide_cells, encode_in_kernel, index, wrap
 from lbm_jax._kernel import x_ghost_planes
 from lbm_jax._lattice import Lattice, get_lattice
 from lbm_jax._storage import StoragePolicy
@@ -146,164 +147,6 @@ def _block(n: int) -> int:
     return int(min(BLOCK, max(16, 1 << (int(n) - 1).bit_length())))
 
 
-def _wrap(i: jax.Array, n: int) -> jax.Array:
-    """Periodic index for ``i`` in ``[-1, n]``."""
-    return jnp.where(i < 0, i + n, jnp.where(i >= n, i - n, i))
-
-
-class _Cells:
-    """Index helpers of one program: a row segment of the grid.
-
-    ``coords`` are the program's cell coordinates: scalars for every axis but
-    the last, a vector of ``block`` cells along the last; ``mask`` marks the
-    cells inside the grid.
-    """
-
-    def __init__(self, plan: _Plan, vma: tuple[str, ...] = ()) -> None:
-        pl, _ = _pallas()
-        shape, block = plan.shape, plan.block
-        d = len(shape)
-        lead = [pl.program_id(a) for a in range(d - 1)]
-        last = pl.program_id(d - 1) * block + jnp.arange(block, dtype=jnp.int32)
-        self.shape = shape
-        self.mask = last < shape[-1]
-        # cells past the grid's end point far outside it, also once shifted
-        # and wrapped (masked lanes never touch memory on a GPU; the
-        # interpreter drops out-of-bounds stores)
-        coords = [*lead, jnp.where(self.mask, last, 4 * shape[-1] + 8)]
-        if vma and plan.interpret:  # interpreted inside shard_map: per device
-            coords = [lax.pcast(c, vma, to="varying") for c in coords]
-        self.coords = coords
-
-    def shifted(self, ci: tuple[int, ...], sign: int) -> list[jax.Array]:
-        """Coordinates ``x + sign * c`` wrapped periodically (unwrapped along x)."""
-        out = [self.coords[0] + sign * ci[0]]
-        for a in range(1, len(self.shape)):
-            v = self.coords[a] + sign * ci[a] if ci[a] else self.coords[a]
-            out.append(_wrap(v, self.shape[a]) if ci[a] else v)
-        return out
-
-
-def _index(coords: list[jax.Array], i: int | jax.Array) -> tuple:
-    """Index of direction ``i`` at ``coords`` in an ``(X, Q, *rest)`` array."""
-    return (coords[0], i, *coords[1:])
-
-
-def _collide_cells(
-    lattice: Lattice,
-    model: CollisionModel,
-    fs: list[jax.Array],
-    *,
-    shift: bool,
-    force: list[Any] | None,
-) -> list[jax.Array]:
-    """Collision of one set of cells, one array per direction.
-
-    The operations and their order are those of :func:`lbm_jax._collision.collide`
-    (moments summed in direction order, ``1/rho`` then products, the shifted
-    equilibrium ``w r poly + w (r - 1)``), written per direction so a kernel keeps
-    every value in registers.
-    """
-    dtype = fs[0].dtype
-    q, d = lattice.q, lattice.d
-    c = lattice.c
-    w = [np.asarray(v, dtype) for v in lattice.w]
-    rho = fs[0]
-    for i in range(1, q):
-        rho = rho + fs[i]
-    if shift:
-        rho = rho + 1
-    j = []
-    for a in range(d):
-        acc = None
-        for i in range(q):
-            if c[i, a]:
-                term = fs[i] if c[i, a] > 0 else -fs[i]
-                acc = term if acc is None else acc + term
-        j.append(acc)
-    inv_rho = 1 / rho
-    if force is None:
-        u = [ja * inv_rho for ja in j]
-    else:
-        u = [(ja + 0.5 * fa) * inv_rho for ja, fa in zip(j, force, strict=True)]
-    usq = u[0] * u[0]
-    for a in range(1, d):
-        usq = usq + u[a] * u[a]
-    cus = [_dot(c[i], u) for i in range(q)]
-    neq = []
-    for i in range(q):
-        cu = cus[i]
-        poly = 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
-        if shift:
-            feq = w[i] * rho * poly + w[i] * (rho - 1)
-        else:
-            feq = w[i] * rho * (1 + poly)
-        neq.append(fs[i] - feq)
-    wp = np.asarray(model.omega_plus, dtype)
-    wm = np.asarray(model.omega_minus, dtype)
-    opp = lattice.opposite
-    if model.kind is Collision.BGK:
-        out = [fs[i] - wp * neq[i] for i in range(q)]
-    else:
-        hp, hm = 0.5 * wp, 0.5 * wm
-        out = [
-            fs[i] - hp * (neq[i] + neq[opp[i]]) - hm * (neq[i] - neq[opp[i]])
-            for i in range(q)
-        ]
-    if force is not None:
-        cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
-        cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
-        uf = u[0] * force[0]
-        for a in range(1, d):
-            uf = uf + u[a] * force[a]
-        for i in range(q):
-            cf = _dot(c[i], force)
-            sym = w[i] * (9 * (cus[i] * cf) - 3 * uf)
-            anti = w[i] * (3 * cf)
-            out[i] = out[i] + cp * sym + cm * anti
-    return out
-
-
-#: Formats whose rounding is the GPU's own narrowing conversion (one
-#: instruction: round to nearest, ties to even, IEEE overflow and subnormals).
-_NATIVE_NARROWING = {"float16": jnp.float16, "bfloat16": jnp.bfloat16}
-
-
-def _encode(storage: StoragePolicy, v: jax.Array) -> jax.Array:
-    """``storage.encode(v)`` inside a kernel.
-
-    float16, bfloat16 and float16 scaled by a power of two (fp16s) round by the
-    hardware conversion, which a kernel compiler keeps as written (the integer
-    codec of :mod:`mpjax.formats` guards the XLA programs, whose compiler may
-    drop a narrowing conversion; its bits are the same, NaN payloads aside);
-    every other format takes the storage policy's codec.
-    """
-    fmt = storage.format
-    scale = 0
-    inner = fmt
-    if getattr(fmt, "inner", None) is not None and hasattr(fmt, "exponent"):
-        inner, scale = fmt.inner, int(fmt.exponent)
-    native = _NATIVE_NARROWING.get(inner.name)
-    if native is None or np.dtype(storage.compute_dtype) != np.dtype(np.float32):
-        return storage.encode(v)
-    if scale:  # exact: a power of two
-        v = v * np.float32(2.0**scale)
-    code = v.astype(native)
-    if np.dtype(storage.storage_dtype) != np.dtype(native):  # bit patterns
-        code = lax.bitcast_convert_type(code, storage.storage_dtype)
-    return code
-
-
-def _dot(ci: np.ndarray, v: list[Any]) -> Any:
-    """``sum_a c_a v_a`` for an integer velocity (only its non-zero terms)."""
-    acc = None
-    for a, ca in enumerate(ci):
-        if ca:
-            term = v[a] if ca > 0 else -v[a]
-            acc = term if acc is None else acc + term
-    return 0.0 if acc is None else acc
-
-
 class _Plan:
     """What one kernel instance needs: the configuration and which optional
     operands (boundaries, force, x ghost planes) it reads."""
@@ -331,7 +174,7 @@ class _Plan:
     def grid(self) -> tuple[int, ...]:
         return (*self.shape[:-1], -(-self.shape[-1] // self.block))
 
-    def force_at(self, refs: dict[str, Any], cells: _Cells) -> list[Any] | None:
+    def force_at(self, refs: dict[str, Any], cells: Cells) -> list[Any] | None:
         """The force components of the program's cells (or scalars)."""
         if "force" not in refs:
             if self.constant_force is None:
@@ -350,7 +193,7 @@ class _Plan:
     def finish(
         self,
         refs: dict[str, Any],
-        cells: _Cells,
+        cells: Cells,
         fs: list[jax.Array],
         own: Callable[[int], jax.Array] | None,
     ) -> list[jax.Array]:
@@ -364,7 +207,7 @@ class _Plan:
             for i in range(self.lattice.q):
                 if not any(self.dirs[i]):
                     continue
-                at = _index(cells.coords, i)
+                at = index(cells.coords, i)
                 hit = plgpu.load(refs["bounce"].at[at], mask=mask, other=False)
                 reflected = st.decode(own(int(opp[i])))
                 if "wall_term" in refs:
@@ -372,25 +215,31 @@ class _Plan:
                         refs["wall_term"].at[at], mask=mask, other=0
                     )
                 fs[i] = jnp.where(hit, reflected, fs[i])
-        out = _collide_cells(
+        out = collide_cells(
             self.lattice,
             self.model,
             fs,
             shift=st.shift,
             force=self.force_at(refs, cells),
         )
-        return [_encode(st, v) for v in out]
+        return [encode_in_kernel(st, v) for v in out]
 
-    def fixed_at(self, refs: dict[str, Any], cells: _Cells) -> jax.Array | None:
+    def fixed_at(self, refs: dict[str, Any], cells: Cells) -> jax.Array | None:
         """Whether each of the program's cells is non-fluid (``None``: none is)."""
         if "fixed_mask" not in refs:
             return None
         _, plgpu = _pallas()
         return plgpu.load(
-            refs["fixed_mask"].at[_index(cells.coords, 0)],
+            refs["fixed_mask"].at[index(cells.coords, 0)],
             mask=cells.mask,
             other=False,
         )
+
+
+def _cells(plan: _Plan, vma: tuple[str, ...] = ()) -> Cells:
+    """The index helpers of the running program."""
+    pl, _ = _pallas()
+    return Cells(pl, plan.shape, plan.block, interpret=plan.interpret, vma=vma)
 
 
 def _operands(aux: Any, halos: Any) -> dict[str, jax.Array]:
@@ -532,25 +381,25 @@ def _pull_kernel(
     def kernel(f_ref, *refs):
         *op_refs, _, g_ref = refs
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _Cells(plan, vma)
+        cells = _cells(plan, vma)
         mask = cells.mask
 
         def load_pulled(i: int) -> jax.Array:
             src = cells.shifted(plan.dirs[i], -1)
             x = src[0]
             if "left" not in refs:
-                src[0] = _wrap(x, nx)
-                return plgpu.load(f_ref.at[_index(src, i)], mask=mask, other=0)
+                src[0] = wrap(x, nx)
+                return plgpu.load(f_ref.at[index(src, i)], mask=mask, other=0)
             inside = (x >= 0) & (x < nx)
             value = plgpu.load(
-                f_ref.at[_index([jnp.clip(x, 0, nx - 1), *src[1:]], i)],
+                f_ref.at[index([jnp.clip(x, 0, nx - 1), *src[1:]], i)],
                 mask=mask & inside,
                 other=0,
             )
             plane = jnp.zeros_like(x)  # the ghost arrays hold one x-plane
             for name, hit in (("left", x < 0), ("right", x >= nx)):
                 ghost = plgpu.load(
-                    refs[name].at[_index([plane, *src[1:]], i)],
+                    refs[name].at[index([plane, *src[1:]], i)],
                     mask=mask & hit,
                     other=0,
                 )
@@ -560,12 +409,12 @@ def _pull_kernel(
         fs = [st.decode(load_pulled(i)) for i in range(plan.lattice.q)]
 
         def own(i: int) -> jax.Array:
-            return plgpu.load(f_ref.at[_index(cells.coords, i)], mask=mask, other=0)
+            return plgpu.load(f_ref.at[index(cells.coords, i)], mask=mask, other=0)
 
         out = plan.finish(refs, cells, fs, own)
         fixed = plan.fixed_at(refs, cells)
         for i, v in enumerate(out):
-            at = _index(cells.coords, i)
+            at = index(cells.coords, i)
             if fixed is not None:
                 v = jnp.where(
                     fixed, plgpu.load(refs["fixed"].at[at], mask=mask, other=0), v
@@ -643,26 +492,26 @@ def _esoteric_kernel(
     opp = plan.lattice.opposite
     nx = plan.shape[0]
 
-    def slot_in(cells: _Cells, i: int) -> tuple:
+    def slot_in(cells: Cells, i: int) -> tuple:
         """Where the cell finds pre-collision ``f_i``."""
         if odd:
-            return _index(cells.coords, int(opp[i]))
+            return index(cells.coords, int(opp[i]))
         src = cells.shifted(plan.dirs[i], -1)
-        src[0] = _wrap(src[0], nx)
-        return _index(src, i)
+        src[0] = wrap(src[0], nx)
+        return index(src, i)
 
-    def slot_out(cells: _Cells, i: int) -> tuple:
+    def slot_out(cells: Cells, i: int) -> tuple:
         """Where the cell leaves post-collision ``f_i``."""
         if odd:
-            return _index(cells.coords, i)
+            return index(cells.coords, i)
         dst = cells.shifted(plan.dirs[i], 1)
-        dst[0] = _wrap(dst[0], nx)
-        return _index(dst, int(opp[i]))
+        dst[0] = wrap(dst[0], nx)
+        return index(dst, int(opp[i]))
 
     def kernel(*refs):
         *op_refs, f_ref, g_ref = refs  # f_ref and g_ref: the same buffer on a GPU
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _Cells(plan)
+        cells = _cells(plan)
         fixed = plan.fixed_at(refs, cells)
         mask = cells.mask if fixed is None else cells.mask & ~fixed
         fs = []
@@ -671,13 +520,13 @@ def _esoteric_kernel(
             if fixed is not None and any(plan.dirs[i]):
                 # a non-fluid upstream cell: its fixed populations
                 src = cells.shifted(plan.dirs[i], -1)
-                src[0] = _wrap(src[0], nx)
+                src[0] = wrap(src[0], nx)
                 held = plgpu.load(
-                    refs["fixed_mask"].at[_index(src, 0)], mask=mask, other=False
+                    refs["fixed_mask"].at[index(src, 0)], mask=mask, other=False
                 )
                 v = jnp.where(
                     held,
-                    plgpu.load(refs["fixed"].at[_index(src, i)], mask=mask, other=0),
+                    plgpu.load(refs["fixed"].at[index(src, i)], mask=mask, other=0),
                     v,
                 )
             fs.append(st.decode(v))
@@ -688,10 +537,10 @@ def _esoteric_kernel(
             i = int(opp[j])
             if odd:
                 src = cells.shifted(plan.dirs[i], -1)
-                src[0] = _wrap(src[0], nx)
-                at = _index(src, i)
+                src[0] = wrap(src[0], nx)
+                at = index(src, i)
             else:
-                at = _index(cells.coords, j)
+                at = index(cells.coords, j)
             return plgpu.load(f_ref.at[at], mask=mask, other=0)
 
         cells.mask = mask
@@ -711,13 +560,13 @@ def _swap_kernel(plan: _Plan) -> Callable[..., None]:
     half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
 
     def kernel(f_ref, g_ref):  # the same buffer on a GPU
-        cells = _Cells(plan)
+        cells = _cells(plan)
         mask = cells.mask
         for i in half:
             dst = cells.shifted(plan.dirs[i], 1)
-            dst[0] = _wrap(dst[0], nx)
-            here = _index(cells.coords, i)
-            there = _index(dst, int(opp[i]))
+            dst[0] = wrap(dst[0], nx)
+            here = index(cells.coords, i)
+            there = index(dst, int(opp[i]))
             a = plgpu.load(f_ref.at[here], mask=mask, other=0)
             b = plgpu.load(f_ref.at[there], mask=mask, other=0)
             plgpu.store(g_ref.at[here], b, mask=mask)
