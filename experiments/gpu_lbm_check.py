@@ -31,28 +31,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CODES_PER_STEP", "code_distance", "main", "within_rounding"]
+__all__ = ["CODES_PER_STEP", "main", "within_rounding"]
 
 #: Most codes of the storage format a stored population may differ, per step,
 #: between the fused and the XLA step (multiply-adds may contract differently).
 CODES_PER_STEP = 2
 
 
-def code_distance(storage: Any, a: Any, b: Any) -> int:
-    """Largest distance between two arrays of stored codes, in codes of the
-    storage format (its representable values in order).
-
-    >>> import lbm_jax
-    >>> fp16s = lbm_jax.get_storage("fp16s")
-    >>> code_distance(fp16s, np.array([1, 0x8001], np.uint16),
-    ...               np.array([3, 0x0001], np.uint16))
-    2
-    """
-    gaps = _code_gaps(storage, a, b)
-    return int(gaps.max()) if gaps.size else 0
-
-
 def _code_gaps(storage: Any, a: Any, b: Any) -> np.ndarray:
+    """Distances between two arrays of stored codes, in codes of the storage
+    format (its representable values in order)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype.kind == "f":
         a = a.view({8: np.uint64, 4: np.uint32, 2: np.uint16}[a.itemsize])

@@ -184,7 +184,7 @@ class _Plan:
         ref = refs["force"]
         if len(ref.shape) == 1:  # a per-call (D,) vector
             return [ref[a] for a in range(self.lattice.d)]
-        pl, plgpu = _pallas()
+        _, plgpu = _pallas()
         return [
             plgpu.load(ref.at[(a, *cells.coords)], mask=cells.mask, other=0)
             for a in range(self.lattice.d)
@@ -325,13 +325,11 @@ def _call(
     """Run ``kernel(*inputs, out, out)`` over the grid, the result aliased to
     ``out`` (the kernel gets the refs of the inputs, of ``out`` as it comes in,
     and of the result; on a GPU the last two are the same memory)."""
-    pl, _ = _pallas()
+    pl, plgpu = _pallas()
     args = [*inputs, out]
-    params = {} if plan.interpret else {"compiler_params": _compiler_params()}
-    return _pallas_call(pl, plan, kernel, out, args, params)
-
-
-def _pallas_call(pl, plan, kernel, out, args, params):
+    params = {}
+    if not plan.interpret:
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
     return pl.pallas_call(
         kernel,
         out_shape=_like(out),
@@ -362,11 +360,6 @@ def _like(out: jax.Array) -> jax.ShapeDtypeStruct:
         except TypeError:  # a jax without this argument
             pass
     return jax.ShapeDtypeStruct(out.shape, out.dtype)
-
-
-def _compiler_params() -> Any:
-    _, plgpu = _pallas()
-    return plgpu.CompilerParams(num_warps=4, num_stages=1)
 
 
 def _pull_kernel(
