@@ -12,9 +12,10 @@ inside one compiled ``lax.while_loop`` per chunk. The state is any pytree: a
 * evaluates ``stop(state, history)`` after every sample, which ends the run early on
   the device (e.g. once a steady state is reached).
 
-The host looks at the loop's flags once per chunk. Chunks end at every multiple of
-``every`` (where ``callback(state)`` runs on the host), about a hundred times per
-run with ``progress=True``, and after at most ``window`` samples. A failed health
+The host looks at the loop's flags once per chunk. Chunks end at every multiple
+of ``callback_every`` (where ``callback(state)`` runs on the host), about a
+hundred times per run with ``progress=True``, and after at most ``window``
+samples. A failed health
 check raises :class:`InstabilityError` naming the step. Chunk lengths are traced
 arguments, and the compiled chunk is cached per step function (and per
 ``healthy``/``observe``/``stop`` function and interval), so repeated calls reuse
@@ -59,6 +60,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 from collections.abc import Callable
@@ -72,7 +74,7 @@ from tqdm.auto import tqdm
 from lbm_jax._checkpoint import Checkpoint
 from lbm_jax._loop import History, Plan, run_chunk, split
 from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import check_int, check_steps
+from lbm_jax._validation import check_int, check_steps, renamed_keyword
 
 __all__ = [
     "History",
@@ -176,28 +178,52 @@ def relative_change(new: Any, old: Any) -> jax.Array:
 
 
 def steady(
-    tol: float, *, interval: int = 1, lag: int = 1
+    tol: float,
+    *,
+    sample_every: int | None = None,
+    lag: int = 1,
+    interval: int | None = None,
 ) -> Callable[[Any, History], jax.Array]:
     """A ``stop`` that ends a run once the observed values stop changing.
 
     The run stops after a sample whose :func:`relative_change` against the sample
-    ``lag`` samples earlier, divided by ``interval``, is below ``tol``: pass the
-    sampling interval as ``interval`` for a change per step, or leave it at 1 for a
-    change per sample. A ``lag`` above 1 judges a slow approach (an exponential
+    ``lag`` samples earlier, divided by ``sample_every``, is below ``tol``: pass
+    the run's ``sample_every`` for a change per step, or leave it out for a change
+    per sample. A ``lag`` above 1 judges a slow approach (an exponential
     relaxation over many samples) on the change over ``lag`` samples; it must be
     below the driver's ``window``.
 
+    Args:
+        tol: The largest relative change (per step, or per sample) of a steady
+            run.
+        sample_every: Steps between two samples of the run (default 1: the
+            change per sample).
+        lag: Samples between the two compared.
+        interval: Deprecated alias of ``sample_every`` (it warns; removed in the
+            next release).
+
     Raises:
-        ValueError: If ``tol`` is negative or ``interval``/``lag`` not positive.
+        ValueError: If ``tol`` is negative, ``sample_every``/``lag`` not positive,
+            or ``sample_every`` given together with its alias ``interval``.
     """
+    sample_every = renamed_keyword(
+        sample_every,
+        interval,
+        name="sample_every",
+        old_name="interval",
+        caller="lbm_jax.steady",
+        what="steps between two samples of the run",
+    )
     if not tol >= 0:
         raise ValueError(f"tol must be non-negative, got {tol!r}.")
-    interval = check_int(interval, "interval", 1)
+    sample_every = check_int(
+        1 if sample_every is None else sample_every, "sample_every", 1
+    )
     lag = check_int(lag, "lag", 1)
 
     def stop(state: Any, history: History) -> jax.Array:
         change = relative_change(history.latest(0), history.latest(lag))
-        return (history.count > lag) & (change / interval < tol)
+        return (history.count > lag) & (change / sample_every < tol)
 
     return stop
 
@@ -240,10 +266,11 @@ def run(
     sample_every: int | None = None,
     stop: Callable[[Any, History], jax.Array] | None = None,
     callback: Callable[[Any], None] | None = None,
-    every: int | None = None,
+    callback_every: int | None = None,
     progress: bool = False,
     window: int = 64,
     checkpoint: Checkpoint | None = None,
+    every: int | None = None,
 ) -> RunResult:
     """Advance ``state`` by ``steps`` steps of ``step``, checked, sampled, timed.
 
@@ -265,11 +292,11 @@ def run(
         stop: ``stop(state, history) -> bool scalar``, evaluated after every
             sample on the device; ``True`` ends the run (see :func:`steady`).
             Needs ``observe`` (``history`` holds its samples).
-        callback: Called on the host as ``callback(state)`` after every ``every``
-            steps. The state's buffers are donated to the next chunk: copy what you
-            keep (e.g. ``jax.device_get``).
-        every: Interval of ``callback`` calls in steps, counted from the start of
-            this call; required with ``callback``.
+        callback: Called on the host as ``callback(state)`` after every
+            ``callback_every`` steps. The state's buffers are donated to the next
+            chunk: copy what you keep (e.g. ``jax.device_get``).
+        callback_every: Steps between two ``callback`` calls, counted from the
+            start of this call; required with ``callback``.
         progress: Show a tqdm progress bar.
         window: Samples the device keeps for ``stop`` (``history``); a chunk holds
             at most this many samples.
@@ -277,6 +304,8 @@ def run(
             and the step counter every ``checkpoint.every`` steps (and at the
             end), and resume from the newest readable checkpoint. A resumed run
             continues bit for bit; ``steps`` still counts from the original start.
+        every: Deprecated alias of ``callback_every`` (it warns; removed in the
+            next release).
 
     Returns:
         A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
@@ -285,8 +314,78 @@ def run(
 
     Raises:
         InstabilityError: If a health check fails; ``err.step`` names the step.
-        ValueError, TypeError: Invalid arguments (raised before compiling).
+        ValueError, TypeError: Invalid arguments (raised before compiling), among
+            them ``callback_every`` given together with its alias ``every``.
     """
+    callback_every = renamed_keyword(
+        callback_every,
+        every,
+        name="callback_every",
+        old_name="every",
+        caller="lbm_jax.run",
+        what="steps between two callback calls",
+    )
+    plan, dynamic, reason = _plan(
+        step,
+        state,
+        check_every=check_every,
+        healthy=healthy,
+        observe=observe,
+        sample_every=sample_every,
+        stop=stop,
+        window=window,
+    )
+    steps = check_steps(steps)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable, got {callback!r}.")
+    if callback is not None and callback_every is None:
+        raise ValueError("callback needs callback_every=<steps between calls>.")
+    if callback_every is not None:
+        callback_every = check_int(callback_every, "callback_every", 1)
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(
+            f"checkpoint must be a lbm_jax.Checkpoint, got {type(checkpoint).__name__}."
+        )
+
+    cells = sum(s.num_cells for s in _fluid_states(state)) or None
+    now = _Progress.start(state, observe, plan.window)
+    if checkpoint is not None and checkpoint.resume:
+        now.resume(checkpoint, plan)
+    if now.done >= steps or now.stopped:
+        return now.result(plan, cells, 0.0, 0.0)
+
+    tic = time.perf_counter()  # compile (or fetch) the program: a zero-step call
+    now.state, now.buffer, *_ = jax.block_until_ready(
+        _call(plan, dynamic, now, now.done)
+    )
+    compile_seconds = time.perf_counter() - tic
+    seconds = _chunks(
+        now,
+        plan,
+        dynamic,
+        steps,
+        reason=reason,
+        callback=callback,
+        callback_every=callback_every,
+        progress=progress,
+        checkpoint=checkpoint,
+    )
+    return now.result(plan, cells, seconds, compile_seconds)
+
+
+def _plan(
+    step: Any,
+    state: Any,
+    *,
+    check_every: int,
+    healthy: Callable[[Any], jax.Array] | None,
+    observe: Callable[[Any], Any] | None,
+    sample_every: int | None,
+    stop: Callable[[Any, History], jax.Array] | None,
+    window: int,
+) -> tuple[Plan, tuple[Any, ...], str]:
+    """The compiled chunk's static plan, the array leaves of its callables and
+    what a failed health check means, from validated arguments of :func:`run`."""
     sim = _as_simulation(step)
     if sim is None and not callable(step):
         raise TypeError(
@@ -297,25 +396,11 @@ def run(
         raise TypeError(
             f"state must be an LBMState (from sim.init()), got {type(state).__name__}."
         )
-    steps = check_steps(steps)
     check_every = check_int(check_every, "check_every", 1)
     window = check_int(window, "window", 1)
-    for name, fn in (
-        ("healthy", healthy),
-        ("observe", observe),
-        ("stop", stop),
-        ("callback", callback),
-    ):
+    for name, fn in (("healthy", healthy), ("observe", observe), ("stop", stop)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable, got {fn!r}.")
-    if callback is not None and every is None:
-        raise ValueError("callback needs every=<steps between calls>.")
-    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-        raise TypeError(
-            f"checkpoint must be a lbm_jax.Checkpoint, got {type(checkpoint).__name__}."
-        )
-    if every is not None:
-        every = check_int(every, "every", 1)
     if stop is not None and observe is None:
         raise ValueError(
             "stop needs observe=: stop(state, history) is evaluated after every "
@@ -323,11 +408,10 @@ def run(
             "without observe it has nothing to judge; pass observe=<what to "
             "sample> and sample_every=<steps>."
         )
-    sampling = observe is not None
-    if sampling and sample_every is None:
+    if observe is not None and sample_every is None:
         raise ValueError("observe and stop need sample_every=<steps between samples>.")
     if sample_every is not None:
-        if not sampling:
+        if observe is None:
             raise ValueError("sample_every needs observe (and optionally stop).")
         sample_every = check_int(sample_every, "sample_every", 1)
 
@@ -358,105 +442,153 @@ def run(
             "step, healthy, observe and stop must be hashable apart from their "
             f"array leaves ({err}); use functions, bound methods or pytrees."
         ) from None
-    dynamic = tuple(dyn for dyn, _ in parts)
+    return plan, tuple(dyn for dyn, _ in parts), reason
 
-    fluids = _fluid_states(state)
-    t0 = int(fluids[0].t) if fluids else 0
-    cells = sum(s.num_cells for s in fluids) or None
-    buffer = None
-    if observe is not None:
-        buffer = jax.tree.map(
-            lambda a: jnp.zeros((window, *a.shape), a.dtype),
-            jax.eval_shape(observe, state),
-        )
-    kept: list[Any] = []  # samples on the host, one block per chunk
-    done = count = 0
-    stopped = False
-    resumed_from = None
-    if checkpoint is not None and checkpoint.resume:
+
+@dataclasses.dataclass
+class _Progress:
+    """Where a run stands on the host between two chunks.
+
+    Attributes:
+        state: The current state.
+        buffer: The device ring buffer of samples (``None`` without ``observe``).
+        t0: The time step at which the run started.
+        kept: The samples on the host, one block per chunk.
+        done: Steps since the run's start.
+        count: Samples taken since the run's start.
+        stopped: Whether ``stop`` ended the run.
+        resumed_from: ``done`` at the checkpoint this call resumed from.
+    """
+
+    state: Any
+    buffer: Any
+    t0: int
+    kept: list[Any] = dataclasses.field(default_factory=list)
+    done: int = 0
+    count: int = 0
+    stopped: bool = False
+    resumed_from: int | None = None
+
+    @classmethod
+    def start(cls, state: Any, observe: Callable | None, window: int) -> _Progress:
+        """A run at its start: an empty sample buffer of ``window`` slots."""
+        fluids = _fluid_states(state)
+        buffer = None
+        if observe is not None:
+            buffer = jax.tree.map(
+                lambda a: jnp.zeros((window, *a.shape), a.dtype),
+                jax.eval_shape(observe, state),
+            )
+        return cls(state, buffer, int(fluids[0].t) if fluids else 0)
+
+    def resume(self, checkpoint: Checkpoint, plan: Plan) -> None:
+        """Continue from the newest readable checkpoint, if there is one."""
         restored = checkpoint.restore(
-            lambda record: _saved_tree(state, buffer, [], record["count"]),
-            expect={"sample_every": sample_every or 0},
+            lambda record: _saved_tree(self.state, self.buffer, [], record["count"]),
+            expect={"sample_every": plan.sample_every},
         )
-        if restored is not None:
-            tree, record = restored
-            state = tree["state"]
-            done, count, t0 = record["done"], record["count"], record["t0"]
-            stopped, resumed_from = record["stopped"], done
-            if count and buffer is not None:
-                kept.append(jax.device_get(tree["samples"]))
-                buffer = _refill(buffer, kept[0], window)
+        if restored is None:
+            return
+        tree, record = restored
+        self.state = tree["state"]
+        self.done, self.count, self.t0 = record["done"], record["count"], record["t0"]
+        self.stopped, self.resumed_from = record["stopped"], self.done
+        if self.count and self.buffer is not None:
+            self.kept.append(jax.device_get(tree["samples"]))
+            self.buffer = _refill(self.buffer, self.kept[0], plan.window)
 
-    def finish(state: Any, seconds: float, compile_seconds: float) -> RunResult:
-        ran = done - (resumed_from or 0)
+    def save(self, checkpoint: Checkpoint, plan: Plan) -> None:
+        """Write the run so far to a checkpoint."""
+        record = {
+            "done": self.done,
+            "count": self.count,
+            "t0": self.t0,
+            "stopped": self.stopped,
+            "sample_every": plan.sample_every,
+        }
+        tree = _saved_tree(self.state, self.buffer, self.kept, self.count)
+        checkpoint.save(self.t0 + self.done, tree, record)
+
+    def result(
+        self, plan: Plan, cells: int | None, seconds: float, compile_seconds: float
+    ) -> RunResult:
+        """The run's outcome, with ``cells`` lattice cells in its state."""
+        ran = self.done - (self.resumed_from or 0)
         mlups = cells * ran / seconds / 1e6 if cells and seconds > 0 else None
-        samples = None if observe is None else _samples(kept, buffer, sample_every, t0)
-        stats = RunStats(ran, seconds, compile_seconds, mlups, stopped, resumed_from)
-        return RunResult(state, samples, stats)
-
-    if done >= steps or stopped:
-        return finish(state, 0.0, 0.0)
-
-    def call(state: Any, buffer: Any, count: int, start: int, end: int):
-        return run_chunk(
-            dynamic,
-            state,
-            buffer,
-            jnp.int32(count),
-            jnp.int32(start),
-            jnp.int32(end),
-            plan=plan,
+        samples = None
+        if self.buffer is not None:
+            samples = _samples(self.kept, self.buffer, plan.sample_every, self.t0)
+        stats = RunStats(
+            ran, seconds, compile_seconds, mlups, self.stopped, self.resumed_from
         )
+        return RunResult(self.state, samples, stats)
 
-    tic = time.perf_counter()  # compile (or fetch) the program: a zero-step call
-    state, buffer, *_ = jax.block_until_ready(call(state, buffer, count, done, done))
-    compile_seconds = time.perf_counter() - tic
 
-    chunk = every if every is not None else steps
+def _call(plan: Plan, dynamic: tuple[Any, ...], now: _Progress, end: int) -> Any:
+    """The compiled chunk from step ``now.done`` to step ``end``."""
+    return run_chunk(
+        dynamic,
+        now.state,
+        now.buffer,
+        jnp.int32(now.count),
+        jnp.int32(now.done),
+        jnp.int32(end),
+        plan=plan,
+    )
+
+
+def _chunks(
+    now: _Progress,
+    plan: Plan,
+    dynamic: tuple[Any, ...],
+    steps: int,
+    *,
+    reason: str,
+    callback: Callable[[Any], None] | None,
+    callback_every: int | None,
+    progress: bool,
+    checkpoint: Checkpoint | None,
+) -> float:
+    """Run compiled chunks until ``steps`` are done or ``stop`` ends the run;
+    the seconds they took. Chunks end at every multiple of ``callback_every`` and
+    of the checkpoint interval, every hundredth of the run with ``progress``, and
+    after at most ``window`` samples."""
+    chunk = callback_every if callback_every is not None else steps
     if progress:
         chunk = min(chunk, max(1, -(-steps // 100)))
-    if sampling:
-        chunk = min(chunk, window * sample_every)
-    boundaries = [n for n in (every, checkpoint and checkpoint.every) if n]
+    if plan.sample_every:
+        chunk = min(chunk, plan.window * plan.sample_every)
+    boundaries = [n for n in (callback_every, checkpoint and checkpoint.every) if n]
     seconds = 0.0
-    with tqdm(total=steps, initial=done, disable=not progress, unit="step") as bar:
-        while done < steps and not stopped:
+    with tqdm(total=steps, initial=now.done, disable=not progress, unit="step") as bar:
+        while now.done < steps and not now.stopped:
+            done = now.done
             end = min([done + chunk, steps] + [(done // n + 1) * n for n in boundaries])
             tic = time.perf_counter()
-            state, buffer, new_count, t, bad, last_good, stop_flag = call(
-                state, buffer, count, done, end
+            now.state, now.buffer, count, t, bad, last_good, stop_flag = _call(
+                plan, dynamic, now, end
             )
             t = int(t)  # waits for the chunk
             seconds += time.perf_counter() - tic
-            new_count = int(new_count)
-            if observe is not None and new_count > count:
-                host = jax.device_get(buffer)
-                slots = [j % window for j in range(count, new_count)]
-                kept.append(jax.tree.map(lambda v, s=slots: v[s], host))
-            count = new_count
+            count = int(count)
+            if now.buffer is not None and count > now.count:
+                host = jax.device_get(now.buffer)
+                slots = [j % plan.window for j in range(now.count, count)]
+                now.kept.append(jax.tree.map(lambda v, s=slots: v[s], host))
+            now.count = count
             if int(bad) >= 0:
                 raise InstabilityError(
-                    t0 + int(bad), t0 + int(last_good), state, reason
+                    now.t0 + int(bad), now.t0 + int(last_good), now.state, reason
                 )
             bar.update(t - done)
-            done = t
-            stopped = bool(stop_flag)
+            now.done, now.stopped = t, bool(stop_flag)
             if checkpoint is not None and (
-                done % checkpoint.every == 0 or done == steps or stopped
+                t % checkpoint.every == 0 or t == steps or now.stopped
             ):
-                record = {
-                    "done": done,
-                    "count": count,
-                    "t0": t0,
-                    "stopped": stopped,
-                    "sample_every": sample_every or 0,
-                }
-                checkpoint.save(
-                    t0 + done, _saved_tree(state, buffer, kept, count), record
-                )
-            if callback is not None and done % every == 0:
-                callback(state)
-    return finish(state, seconds, compile_seconds)
+                now.save(checkpoint, plan)
+            if callback is not None and t % callback_every == 0:
+                callback(now.state)
+    return seconds
 
 
 def _saved_tree(state: Any, buffer: Any, kept: list[Any], count: int) -> Any:

@@ -6,7 +6,9 @@ given, what is expected and how to fix it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from typing import TypeVar
 
 import jax
 import numpy as np
@@ -27,8 +29,56 @@ __all__ = [
     "check_slab",
     "check_speed",
     "check_steps",
+    "renamed_keyword",
     "vector_field",
 ]
+
+_T = TypeVar("_T")
+
+
+def renamed_keyword(
+    value: _T | None,
+    old_value: _T | None,
+    *,
+    name: str,
+    old_name: str,
+    caller: str,
+    what: str,
+) -> _T | None:
+    """The value of a renamed keyword argument, given by its new or old name.
+
+    The old name is a deprecated alias kept for one release: given alone, it
+    warns (``DeprecationWarning`` naming the spelling to use) and its value is
+    taken; given together with the new name, it is an error.
+
+    Args:
+        value: The value given by the new name (``None``: not given).
+        old_value: The value given by the old name (``None``: not given).
+        name: The new name.
+        old_name: The deprecated name.
+        caller: The function or class that takes them (quoted in the messages).
+        what: What the argument means, in a few words.
+
+    Raises:
+        ValueError: If both names are given.
+
+    >>> renamed_keyword(10, None, name="callback_every", old_name="every",
+    ...                 caller="run", what="steps between callback calls")
+    10
+    """
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ValueError(
+            f"{caller} got both {name}={value!r} and its deprecated alias "
+            f"{old_name}={old_value!r}; give {name}= once ({what})."
+        )
+    warnings.warn(
+        f"{caller}({old_name}=...) is deprecated; use {name}=... ({what}).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return old_value
 
 
 def check_int(

@@ -225,7 +225,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         setup.steps,
         observe=lambda state: _mid_profiles(velocity(sim, state)[interior]),
         sample_every=every,
-        stop=None if setup.steps_given else steady(tol, interval=every),
+        stop=None if setup.steps_given else steady(tol, sample_every=every),
         **driver,
     )
     lines = result.samples.values

@@ -32,6 +32,7 @@ from jax.typing import ArrayLike
 
 from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
+from lbm_jax._validation import renamed_keyword
 from lbm_jax.ibm._kernels import get_kernel, interpolate, spread
 from lbm_jax.ibm._membrane import Membrane
 
@@ -88,19 +89,14 @@ class ImmersedBoundary:
             raise ValueError(
                 f"an immersed membrane needs a 3-D lattice, got {sim.lattice.name}."
             )
-        if kernel is not None:
-            if delta is not None:
-                raise ValueError(
-                    "give the delta function's width once: delta= (kernel= is its "
-                    f"deprecated alias), got delta={delta!r} and kernel={kernel!r}."
-                )
-            warnings.warn(
-                "ImmersedBoundary(kernel=...) is deprecated; use delta=... (the "
-                "delta function's width, 2, 3 or 4 points).",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            delta = kernel
+        delta = renamed_keyword(
+            delta,
+            kernel,
+            name="delta",
+            old_name="kernel",
+            caller="ImmersedBoundary",
+            what="the delta function's width, 2, 3 or 4 points",
+        )
         self.sim = sim
         self.membrane = membrane
         self.delta = get_kernel(4 if delta is None else delta)

@@ -70,7 +70,7 @@ def test_interrupted_run_resumes_bit_for_bit_with_its_samples(sim, tmp_path):
             sample_every=10,
             checkpoint=policy,
             callback=_interrupt_at(60),
-            every=30,
+            callback_every=30,
         )
     assert policy.files()[-1].name == "step_0000000060.npz"
     resumed = run(
@@ -100,7 +100,7 @@ def test_steady_stop_resumes_with_its_history(tmp_path):
             100_000,
             checkpoint=policy,
             callback=_interrupt_at(1000),
-            every=1000,
+            callback_every=1000,
             **kwargs,
         )
     resumed = run(sim, sim.init(), 100_000, checkpoint=policy, **kwargs)
@@ -122,7 +122,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(sim, tmp_path):
             80,
             checkpoint=policy,
             callback=_interrupt_at(60),
-            every=60,
+            callback_every=60,
         )
     newest = policy.files()[-1]
     newest.write_bytes(newest.read_bytes()[:-100])
@@ -173,7 +173,7 @@ def test_coupled_state_round_trips_through_a_checkpoint(sim, tmp_path):
             30,
             checkpoint=policy,
             callback=_interrupt,
-            every=20,
+            callback_every=20,
         )
     resumed = run(
         step, _Marked(_start(sim), jnp.array([4.0, 4.0])), 30, checkpoint=policy
@@ -207,7 +207,7 @@ def test_split_run_resumes_bit_for_bit_on_its_devices(tmp_path, monkeypatch):
             9,
             checkpoint=policy,
             callback=_interrupt_at(6),
-            every=3,
+            callback_every=3,
         )
     resumed = run(split, _start(split), 9, checkpoint=policy)
     assert resumed.stats.resumed_from == 6

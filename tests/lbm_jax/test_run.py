@@ -54,7 +54,7 @@ def test_run_callbacks_at_every_interval(sim):
         seen.append((int(state.t), float(lbm_jax.density(sim, state).mean())))
 
     start = sim.advance(_initial(sim), 3)
-    final = run(sim, start, 25, check_every=4, every=10, callback=record).state
+    final = run(sim, start, 25, check_every=4, callback_every=10, callback=record).state
     assert [t for t, _ in seen] == [13, 23]
     assert int(final.t) == 28
     assert all(abs(m - 1) < 1e-2 for _, m in seen)
@@ -119,14 +119,14 @@ def test_steady_stop_ends_the_run_on_the_device():
         for a, b in zip(values[1:], values[:-1], strict=True)
     ]
     assert change[-1] < tol <= change[-2]
-    # the same criterion per step (interval) stops at the same sample
+    # the same criterion per step (sample_every) stops at the same sample
     per_step = run(
         sim,
         sim.init(),
         100_000,
         observe=energy,
         sample_every=50,
-        stop=lbm_jax.steady(tol / 50, interval=50),
+        stop=lbm_jax.steady(tol / 50, sample_every=50),
     )
     assert per_step.stats.steps == stats.steps
 
@@ -175,7 +175,7 @@ def test_run_reuses_one_compiled_program(sim):
         23,
         check_every=7,
         healthy=healthy,
-        every=4,
+        callback_every=4,
         callback=lambda s: None,
         progress=True,
     ).state
@@ -225,14 +225,14 @@ def test_run_validates_arguments(sim):
         run("sim", state, 10)
     with pytest.raises(TypeError, match="LBMState"):
         run(sim, (state.f, state.t), 10)
-    with pytest.raises(ValueError, match="callback needs every"):
+    with pytest.raises(ValueError, match="callback needs callback_every"):
         run(sim, state, 10, callback=print)
     with pytest.raises(ValueError, match="check_every must be at least 1"):
         run(sim, state, 10, check_every=0)
     with pytest.raises(ValueError, match=r"steps must be in \[0"):
         run(sim, state, -5)
     with pytest.raises(TypeError, match="callback must be callable"):
-        run(sim, state, 10, every=2, callback="print")
+        run(sim, state, 10, callback_every=2, callback="print")
     with pytest.raises(ValueError, match="observe and stop need sample_every"):
         run(sim, state, 10, observe=lambda s: s.t)
     with pytest.raises(ValueError, match="sample_every needs observe"):
@@ -246,3 +246,23 @@ def test_run_validates_arguments(sim):
     assert not state.f.is_deleted()
     with pytest.raises(TypeError, match="healthy.*bool scalar"):
         run(sim, state, 10, healthy=lambda s: lbm_jax.density(sim, s) > 0)
+
+
+def test_every_is_a_deprecated_alias_of_callback_every(sim):
+    seen = []
+    with pytest.warns(
+        DeprecationWarning, match=r"run\(every=\.\.\.\).*callback_every="
+    ):
+        run(sim, _initial(sim), 20, every=10, callback=lambda s: seen.append(int(s.t)))
+    assert seen == [10, 20]
+    with pytest.raises(ValueError, match="both callback_every=10 and .* alias every=5"):
+        run(sim, _initial(sim), 20, callback_every=10, every=5, callback=print)
+
+
+def test_steady_interval_is_a_deprecated_alias_of_sample_every():
+    with pytest.warns(DeprecationWarning, match=r"steady\(interval=\.\.\.\).*sample_"):
+        lbm_jax.steady(1e-3, interval=50)
+    with pytest.raises(ValueError, match="both sample_every=50 and .* interval=50"):
+        lbm_jax.steady(1e-3, sample_every=50, interval=50)
+    with pytest.raises(ValueError, match="sample_every must be at least 1"):
+        lbm_jax.steady(1e-3, sample_every=0)
