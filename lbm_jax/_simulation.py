@@ -2,7 +2,10 @@
 
 :class:`Simulation` validates every parameter on the host (``ValueError`` or
 ``TypeError`` before anything is traced or compiled), derives the boundary arrays,
-and builds pure functions over an :class:`LBMState` pytree:
+and builds pure functions over an :class:`LBMState` pytree. It composes three
+parts: its validated configuration and step arrays
+(:mod:`lbm_jax._simulation_config`), its compiled step functions (here) and its
+read-outs (:mod:`lbm_jax._simulation_readout` around :mod:`lbm_jax._slabs`).
 
 * ``sim.step(state, force=None) -> state``: one fused pull-streaming + collision
   step; pure and jit-able (use it inside your own ``jax.jit``/``lax.scan``, or in a
@@ -40,7 +43,6 @@ back continues bit-identically.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -51,56 +53,18 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax import _gpu, _native, _slabs
-from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import CollisionModel, parse_collision
-from lbm_jax._decomp import Decomposition, decompose, exchange
-from lbm_jax._kernel import default_slab, make_step_into, to_layout
-from lbm_jax._kernel_inplace import Streaming, make_advance_inplace, parse_streaming
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy, get_storage
+from lbm_jax import _slabs
+from lbm_jax._collision import CollisionModel
+from lbm_jax._decomp import exchange
+from lbm_jax._kernel_inplace import Streaming
+from lbm_jax._lattice import Lattice
+from lbm_jax._simulation_config import SimulationConfig, StepArrays, configure
+from lbm_jax._simulation_readout import check_state, initial_populations, readout_force
+from lbm_jax._storage import StoragePolicy
 from lbm_jax._units import viscosity
-from lbm_jax._validation import (
-    check_cell_type,
-    check_density,
-    check_shape,
-    check_slab,
-    check_speed,
-    check_steps,
-    vector_field,
-)
+from lbm_jax._validation import check_steps
 
 __all__ = ["LBMState", "Simulation"]
-
-
-class _Aux(NamedTuple):
-    """Arrays passed to the compiled step as arguments (not baked-in constants).
-
-    ``boundary`` arrays are in the kernel layout ``(X, Q, ...)``; ``force`` is a
-    ``(D, *shape)`` field, a ``(D,)`` vector (a per-call force) or ``None``.
-    """
-
-    boundary: BoundaryData
-    force: jax.Array | None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Static:
-    """Validated configuration of a simulation (hashed by identity)."""
-
-    lattice: Lattice
-    shape: tuple[int, ...]
-    storage: StoragePolicy
-    model: CollisionModel
-    cell_type: np.ndarray
-    force: np.ndarray | None
-    wall_velocity: np.ndarray
-    decomp: Decomposition | None
-    slab: int
-    step_into: Any
-    kernel: str
-    streaming: Streaming
-    advance_inplace: Any
 
 
 class LBMState(NamedTuple):
@@ -203,88 +167,35 @@ class Simulation:
         streaming: str | Streaming = "auto",
         kernel: str = "auto",
     ) -> None:
-        lat = get_lattice(lattice)
-        shape = check_shape(shape, lat)
-        pol = get_storage(storage, shift=shift)
-        pol.check_enabled()
-        model = parse_collision(collision, tau, magic)
-
-        ct = check_cell_type(cell_type, shape)
-        ct.setflags(write=False)
-        uw = vector_field("wall_velocity", wall_velocity, lat.d, shape)
-        uw.setflags(write=False)
-        ub = vector_field("boundary_velocity", boundary_velocity, lat.d, shape)
-        rb = check_density("boundary_density", boundary_density, shape)
-        check_speed("wall_velocity", uw, ct == CellType.WALL)
-        check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
-        fvec = None if force is None else _host_force(force, lat.d, shape)
-
-        decomp = decompose(devices, shape)
-        local = shape if decomp is None else decomp.local_shape
-        if slab is None:
-            slab = default_slab(lat, local, pol.compute_dtype.itemsize)
-        slab = check_slab(slab, local[0])
-        constant = fvec is not None and fvec.ndim == 1
-        streaming = parse_streaming(
-            streaming, 1 if decomp is None else decomp.mesh.size
-        )
-        kernel_force = (
-            [np.asarray(v, pol.compute_dtype) for v in fvec] if constant else None
-        )
-        kernel = _native.parse_kernel(kernel)  # any case, before either choice
-        split_yz = decomp is not None and any(s > 1 for s in decomp.splits[1:])
-        gpu = _select_gpu(kernel, lat, pol, model, local, split_yz)
-        native = not gpu and _native.select(
-            kernel,
-            lat,
-            pol,
-            model,
-            local,
-            split_across=split_yz,
-            force=fvec is not None,
-            boundaries=bool((ct != CellType.FLUID).any()),
-        )
-        if gpu:
-            step_factory = _gpu.make_gpu_step_into
-        else:
-            step_factory = _native.make_native_step_into if native else make_step_into
-        inplace_factory = _gpu.make_gpu_advance_inplace if gpu else make_advance_inplace
-        self._static = _Static(
-            lattice=lat,
-            shape=shape,
-            storage=pol,
-            model=model,
-            cell_type=ct,
-            force=fvec,
-            wall_velocity=uw,
-            decomp=decomp,
+        self._static, arrays = configure(
+            lattice,
+            shape,
+            tau=tau,
+            storage=storage,
+            shift=shift,
+            collision=collision,
+            magic=magic,
+            force=force,
+            cell_type=cell_type,
+            wall_velocity=wall_velocity,
+            boundary_density=boundary_density,
+            boundary_velocity=boundary_velocity,
             slab=slab,
-            step_into=step_factory(lat, pol, model, local, slab, kernel_force),
-            kernel="gpu" if gpu else "native" if native else "xla",
+            devices=devices,
             streaming=streaming,
-            advance_inplace=inplace_factory(lat, pol, model, shape, slab, kernel_force)
-            if streaming is Streaming.INPLACE
-            else None,
+            kernel=kernel,
         )
-        bnd = build_boundary(lat, pol, ct, uw, rb, ub)
-        self._aux = self._place(
-            _Aux(
-                boundary=BoundaryData(
-                    *(None if a is None else to_layout(a) for a in bnd)
-                ),
-                force=None
-                if fvec is None or constant
-                else jnp.asarray(fvec.astype(pol.compute_dtype)),
-            )
-        )
+        self._aux = self._place(arrays)
 
     # -- pytree protocol: arrays are leaves, the configuration is static --------
-    def tree_flatten(self) -> tuple[tuple[_Aux], _Static]:
+    def tree_flatten(self) -> tuple[tuple[StepArrays], SimulationConfig]:
         """Children (the boundary and force arrays) and static configuration."""
         return (self._aux,), self._static
 
     @classmethod
-    def tree_unflatten(cls, static: _Static, children: tuple[_Aux]) -> Simulation:
+    def tree_unflatten(
+        cls, static: SimulationConfig, children: tuple[StepArrays]
+    ) -> Simulation:
         """Rebuild a simulation from :meth:`tree_flatten`'s parts."""
         self = object.__new__(cls)
         self._static = static
@@ -398,34 +309,7 @@ class Simulation:
             ValueError: Shapes that do not fit the grid, non-positive density or a
                 velocity above the low-Mach limit.
         """
-        lat, shape, pol = self.lattice, self.shape, self.storage
-        dtype = pol.compute_dtype
-        # uniform values stay scalars/vectors: no grid-sized host temporaries
-        r = check_density("rho", rho, () if np.ndim(rho) == 0 else shape)
-        if u is None or np.shape(u) == (lat.d,):
-            uu = vector_field("u", u, lat.d, (1,) * len(shape))
-            check_speed("initial velocity u", uu)
-            uu = uu.reshape(lat.d)
-        else:
-            uu = vector_field("u", u, lat.d, shape)
-            check_speed("initial velocity u", uu)
-        if force is not None:  # post-collision momentum is rho u + F/2 (Guo)
-            fv = self._aux_with(_host_force(force, lat.d, shape)).force
-        elif self._aux.force is not None:
-            fv = self._aux.force
-        elif self.force is not None:
-            fv = jnp.asarray(self.force.astype(dtype))
-        else:
-            fv = None
-        bnd = self._aux.boundary
-        f = _slabs.init_state(
-            self,
-            jnp.asarray(r.astype(dtype)),
-            jnp.asarray(uu.astype(dtype)),
-            fv,
-            bnd.fixed_mask,
-            bnd.fixed,
-        )
+        f = initial_populations(self, self._aux, rho, u, force)
         return LBMState(f=f, t=jnp.zeros((), jnp.int32))
 
     def populations(self, state: LBMState, *, shifted: bool = False) -> jax.Array:
@@ -437,7 +321,7 @@ class Simulation:
                 (better conditioned for sums in low precision), rather than
                 ``f_i``. Without shifting both are the same.
         """
-        self._check_state(state)
+        self.check_state(state)
         return _slabs.populations(self, state.f, shifted=shifted)
 
     def fields(
@@ -463,20 +347,13 @@ class Simulation:
             raise ValueError(
                 f"which must be 'both', 'density' or 'velocity', got {which!r}."
             )
-        self._check_state(state)
-        if force is not None:
-            fv = self._aux_with(force).force
-        elif self._aux.force is not None:
-            fv = self._aux.force
-        elif self.force is not None:
-            fv = jnp.asarray(self.force.astype(self.storage.compute_dtype))
-        else:
-            fv = None
+        self.check_state(state)
+        fv = readout_force(self, self._aux, force)
         return _slabs.fields(self, state.f, fv, which=which)
 
     def healthy(self, state: LBMState) -> jax.Array:
         """True when every density is finite and positive (jit-able, no sync)."""
-        self._check_state(state)
+        self.check_state(state)
         return _slabs.healthy(self, state.f)
 
     # -- the compiled step ------------------------------------------------------
@@ -488,13 +365,13 @@ class Simulation:
             force: Body force of this step, ``(D,)`` or ``(D, *shape)`` (traced: a
                 new value never recompiles); ``None`` uses the construction force.
         """
-        self._check_state(state)
+        self.check_state(state)
         return self._step_jit(self, state, force)
 
     def _step_impl(self, state: LBMState, force: ArrayLike | None) -> LBMState:
         aux = self._aux_with(force)
 
-        def one(aux: _Aux, f: jax.Array) -> jax.Array:
+        def one(aux: StepArrays, f: jax.Array) -> jax.Array:
             return self._local_step(aux, f, jnp.zeros_like(f))
 
         f = self._sharded(one, aux)(aux, state.f)
@@ -533,7 +410,7 @@ class Simulation:
             steps = steps.astype(jnp.int32)
         else:
             steps = jnp.asarray(check_steps(steps), jnp.int32)
-        self._check_state(state)
+        self.check_state(state)
         return self._advance_jit(self, state, steps, force)
 
     def _advance_impl(
@@ -551,59 +428,12 @@ class Simulation:
         """Raise ``TypeError``/``ValueError`` unless ``state`` holds populations of
         this simulation's shape, lattice and storage (host-side, also on traced
         states: a coupled step can check its fluid before tracing further)."""
-        self._check_state(state)
+        check_state(self, state)
 
     # -- internals -----------------------------------------------------------------
-    def _check_state(self, state: LBMState) -> None:
-        """Raise unless ``state`` holds populations of this simulation's layout.
-
-        Uses static shapes and dtypes only, so it runs on the host for concrete
-        and traced states alike.
-        """
-        f = getattr(state, "f", None)
-        if not hasattr(f, "shape") or not hasattr(f, "dtype"):
-            raise TypeError(
-                f"state must be an LBMState of this simulation, got "
-                f"{type(state).__name__}; build one with sim.init()."
-            )
-        shape = (self.shape[0], self.lattice.q, *self.shape[1:])
-        dtype = self.storage.storage_dtype
-        if tuple(f.shape) != shape or np.dtype(f.dtype) != dtype:
-            raise ValueError(
-                f"state does not belong to this simulation: its populations have "
-                f"shape {tuple(f.shape)} and dtype {np.dtype(f.dtype)}, but {self!r} "
-                f"stores shape {shape} and dtype {dtype}; read a state with the "
-                "Simulation that made it (or build one with sim.init())."
-            )
-
-    def _aux_with(self, force: ArrayLike | None) -> _Aux:
+    def _aux_with(self, force: ArrayLike | None) -> StepArrays:
         """The step's arrays, with a per-call force (validated, compute dtype)."""
-        if force is None:
-            return self._aux
-        force = jnp.asarray(force)
-        d = self.lattice.d
-        if force.shape not in ((d,), (d, *self.shape)):
-            raise ValueError(
-                f"force must be a vector of shape ({d},) or a field of shape "
-                f"{(d, *self.shape)}, got shape {force.shape}."
-            )
-        if not jnp.issubdtype(force.dtype, jnp.floating):
-            raise TypeError(f"force must be floating point, got {force.dtype}.")
-        return self._aux._replace(force=force.astype(self.storage.compute_dtype))
-
-    def _force_components(
-        self, force: ArrayLike | None, dtype: np.dtype
-    ) -> list[Any] | None:
-        """Force components (scalars or grid fields) of a given or the own force."""
-        if force is not None:
-            force = self._aux_with(force).force
-        elif self._aux.force is not None:
-            force = self._aux.force
-        elif self.force is not None:
-            return [np.asarray(v, dtype) for v in self.force]
-        else:
-            return None
-        return [force[a].astype(dtype) for a in range(self.lattice.d)]
+        return self._aux.with_force(force, self.shape, self.storage.compute_dtype)
 
     def _place(self, tree: Any) -> Any:
         """Put the state's or step's arrays on the mesh (no-op on one device)."""
@@ -612,16 +442,18 @@ class Simulation:
             return tree
         if isinstance(tree, jax.Array):
             return decomp.place(tree, decomp.grid_spec())
-        return decomp.place(tree, _aux_specs(decomp, tree))
+        return decomp.place(tree, tree.specs(decomp))
 
-    def _local_step(self, aux: _Aux, f: jax.Array, g: jax.Array) -> jax.Array:
+    def _local_step(self, aux: StepArrays, f: jax.Array, g: jax.Array) -> jax.Array:
         """One step on this device's sub-domain (exchanging halos when split)."""
         decomp = self._static.decomp
         if decomp is None:
             return self._static.step_into(aux, f, g)
         return self._static.step_into(aux, f, g, exchange(f, decomp))
 
-    def _local_advance(self, aux: _Aux, f: jax.Array, steps: jax.Array) -> jax.Array:
+    def _local_advance(
+        self, aux: StepArrays, f: jax.Array, steps: jax.Array
+    ) -> jax.Array:
         """``steps`` steps: in place in ``f``, or two per loop iteration
         (f -> g -> f, no buffer swap)."""
         if self._static.advance_inplace is not None:
@@ -638,60 +470,10 @@ class Simulation:
             steps % 2 == 1, lambda: self._local_step(aux, f, g), lambda: f
         )
 
-    def _sharded(self, fn: Any, aux: _Aux, *extra: PartitionSpec) -> Any:
+    def _sharded(self, fn: Any, aux: StepArrays, *extra: PartitionSpec) -> Any:
         """``fn(aux, f, *rest)`` run per device on the mesh (as is on one device)."""
         decomp = self._static.decomp
         if decomp is None:
             return fn
         spec = decomp.grid_spec()
-        return decomp.shard(fn, (_aux_specs(decomp, aux), spec, *extra), spec)
-
-
-def _select_gpu(
-    kernel: str,
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    local: tuple[int, ...],
-    split_yz: bool,
-) -> bool:
-    """Whether a simulation runs the fused GPU step (``kernel`` "auto" or "gpu").
-
-    Raises:
-        ValueError: ``kernel="gpu"`` where the fused GPU step cannot run.
-    """
-    if kernel not in ("auto", "gpu"):
-        return False
-    ok = _gpu.supported(lattice, storage, model, local, split_yz=split_yz)
-    if kernel == "gpu" and not ok:
-        why = _gpu.unavailable_reason() or (
-            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT (no Smagorinsky model) on grids "
-            "split along x at most"
-        )
-        raise ValueError(
-            f"kernel='gpu' is not available for this simulation: {why}; use "
-            "kernel='auto' to fall back to the XLA step."
-        )
-    return ok
-
-
-def _aux_specs(decomp: Decomposition, aux: _Aux) -> _Aux:
-    """Partition specs of the step's arrays: every grid-shaped array split."""
-    return _Aux(
-        boundary=jax.tree.map(lambda _: decomp.grid_spec(), aux.boundary),
-        force=None
-        if aux.force is None
-        else PartitionSpec()
-        if aux.force.ndim == 1
-        else decomp.grid_spec(lead=1, inner=0),
-    )
-
-
-def _host_force(force: ArrayLike, d: int, shape: tuple[int, ...]) -> np.ndarray:
-    """A finite ``(D,)`` vector or ``(D, *shape)`` field as a float64 array."""
-    arr = np.asarray(force, dtype=np.float64)
-    if arr.shape != (d,):
-        arr = vector_field("force", arr, d, shape)
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("force contains non-finite values.")
-    return arr
+        return decomp.shard(fn, (aux.specs(decomp), spec, *extra), spec)

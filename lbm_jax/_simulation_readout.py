@@ -1,0 +1,112 @@
+"""A simulation's state construction and read-outs, with their input checks.
+
+The slab-wise, compiled work is :mod:`lbm_jax._slabs`'; here are the host-side
+parts a :class:`~lbm_jax.Simulation` adds around it: the check that a state
+belongs to the simulation, the checked initial density and velocity, and the
+force whose Guo half-force a read-out takes off.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.typing import ArrayLike
+
+from lbm_jax import _slabs
+from lbm_jax._simulation_config import StepArrays, host_force
+from lbm_jax._validation import check_density, check_speed, vector_field
+
+__all__ = ["Readable", "check_state", "initial_populations", "readout_force"]
+
+
+class Readable(_slabs.Grid, Protocol):
+    """What the read-outs read from a simulation, beyond its grid."""
+
+    @property
+    def force(self) -> np.ndarray | None: ...
+
+
+def check_state(sim: Readable, state: Any) -> None:
+    """Raise unless ``state`` holds populations of ``sim``'s layout.
+
+    Uses static shapes and dtypes only, so it runs on the host for concrete
+    and traced states alike.
+
+    Raises:
+        TypeError: Not a state (no populations ``f``).
+        ValueError: Populations of another shape, lattice or storage.
+    """
+    f = getattr(state, "f", None)
+    if not hasattr(f, "shape") or not hasattr(f, "dtype"):
+        raise TypeError(
+            f"state must be an LBMState of this simulation, got "
+            f"{type(state).__name__}; build one with sim.init()."
+        )
+    shape = (sim.shape[0], sim.lattice.q, *sim.shape[1:])
+    dtype = sim.storage.storage_dtype
+    if tuple(f.shape) != shape or np.dtype(f.dtype) != dtype:
+        raise ValueError(
+            f"state does not belong to this simulation: its populations have "
+            f"shape {tuple(f.shape)} and dtype {np.dtype(f.dtype)}, but {sim!r} "
+            f"stores shape {shape} and dtype {dtype}; read a state with the "
+            "Simulation that made it (or build one with sim.init())."
+        )
+
+
+def readout_force(
+    sim: Readable, arrays: StepArrays, force: ArrayLike | None
+) -> jax.Array | None:
+    """The force of the step that produced a state, in the compute dtype: the
+    given one, else the simulation's own (its field among ``arrays``, or its
+    construction vector), or ``None`` without a force."""
+    dtype = sim.storage.compute_dtype
+    if force is not None:
+        return arrays.with_force(force, sim.shape, dtype).force
+    if arrays.force is not None:
+        return arrays.force
+    if sim.force is not None:
+        return jnp.asarray(sim.force.astype(dtype))
+    return None
+
+
+def initial_populations(
+    sim: Readable,
+    arrays: StepArrays,
+    rho: ArrayLike,
+    u: ArrayLike | None,
+    force: ArrayLike | None,
+) -> jax.Array:
+    """The stored equilibrium populations of ``rho`` and ``u`` (see
+    :meth:`Simulation.init <lbm_jax.Simulation.init>`), with the Guo half-force
+    of ``force`` (or of the simulation's own force).
+
+    Raises:
+        ValueError: Shapes that do not fit the grid, non-positive density or a
+            velocity above the low-Mach limit.
+    """
+    lat, shape = sim.lattice, sim.shape
+    dtype = sim.storage.compute_dtype
+    # uniform values stay scalars/vectors: no grid-sized host temporaries
+    r = check_density("rho", rho, () if np.ndim(rho) == 0 else shape)
+    if u is None or np.shape(u) == (lat.d,):
+        uu = vector_field("u", u, lat.d, (1,) * len(shape))
+        check_speed("initial velocity u", uu)
+        uu = uu.reshape(lat.d)
+    else:
+        uu = vector_field("u", u, lat.d, shape)
+        check_speed("initial velocity u", uu)
+    # post-collision momentum is rho u + F/2 (Guo)
+    given = None if force is None else host_force(force, lat.d, shape)
+    fv = readout_force(sim, arrays, given)
+    bnd = arrays.boundary
+    return _slabs.init_state(
+        sim,
+        jnp.asarray(r.astype(dtype)),
+        jnp.asarray(uu.astype(dtype)),
+        fv,
+        bnd.fixed_mask,
+        bnd.fixed,
+    )
