@@ -194,7 +194,7 @@ def test_capillary_wave_refusal_names_flags_that_exist(tmp_path, capsys):
 def test_raindrop_summary_line_shows_whether_tau_was_raised():
     from types import SimpleNamespace
 
-    from lbm_jax.__main__ import _short_summary
+    from lbm_jax._cli_commands import short_summary
 
     summary = {
         "case": "raindrop", "lattice": "D3Q19", "n": 20, "steps": 10, "shift": True,
@@ -202,7 +202,7 @@ def test_raindrop_summary_line_shows_whether_tau_was_raised():
         "crown_exponent": None, "time_ms": 0.5, "tau_raised": True,
     }  # fmt: skip
     fields = {"rho": np.zeros((4, 4, 4))}
-    text = _short_summary(SimpleNamespace(summary=summary, fields=fields), 1.0)
+    text = short_summary(SimpleNamespace(summary=summary, fields=fields), 1.0)
     assert "tau_raised yes" in text and "crown_exponent n/a" in text
 
 
