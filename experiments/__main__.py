@@ -31,6 +31,7 @@ from pathlib import Path
 
 from experiments import _framework
 from experiments._framework import PipelineOutcome
+from experiments._reproduce_report import write_top_level_report
 
 
 def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
@@ -187,9 +188,7 @@ def main(
     )
     _print_wall_times(outcomes, write)
     if args.target == "reproduce":
-        _framework.write_top_level_report(
-            args.out, outcomes, quick=args.quick, seed=args.seed
-        )
+        write_top_level_report(args.out, outcomes, quick=args.quick, seed=args.seed)
         write(f"\nSummary written to {Path(args.out) / 'REPORT.md'}\n")
     return 0 if all(o.passed for o in outcomes) else 1
 

@@ -1,4 +1,4 @@
-"""Pipeline registry, fresh result directories, environment capture and reports.
+"""Pipeline registry, scales, fresh result directories and environment capture.
 
 A *pipeline* is a module ``experiments.<name>`` exposing::
 
@@ -15,7 +15,8 @@ returns. A previous result directory is kept as ``<name>.prev`` (one generation;
 older ``.prev`` is removed). If the pipeline raises, the temporary directory is removed
 and the previous results stay untouched. The framework adds ``environment.json``
 (package versions, backend, device, git commit, seed, scale, timestamp) and
-``summary.json`` (checks, wall time, environment) to every result directory.
+``summary.json`` (checks, wall time, environment) to every result directory; the
+report over all pipelines is :mod:`experiments._reproduce_report`'s.
 
 Scales: ``"quick"`` (a 2-core CPU, minutes), ``"full"`` (paper-scale, for a GPU) and a
 hidden ``"tiny"`` scale for tests, selected with the environment variable
@@ -61,7 +62,6 @@ __all__ = [
     "run_pipelines",
     "to_jsonable",
     "write_json",
-    "write_top_level_report",
 ]
 
 #: Pipelines in the order ``reproduce`` runs them, with their module and a one-liner.
@@ -544,83 +544,3 @@ def run_pipelines(
         if on_done is not None:
             on_done(outcome)
     return outcomes
-
-
-def write_top_level_report(
-    out_root: Path, outcomes: Sequence[PipelineOutcome], *, quick: bool, seed: int
-) -> None:
-    """Write ``summary.json`` and ``REPORT.md`` into ``out_root`` (``reproduce``)."""
-    out_root = Path(out_root)
-    out_root.mkdir(parents=True, exist_ok=True)
-    scale = resolve_scale(quick)
-    total = sum(o.wall_s for o in outcomes)
-    summary = {
-        "scale": scale,
-        "seed": seed,
-        "total_wall_s": total,
-        "quick_budget_s": dict(QUICK_BUDGET_S),
-        "load_average_end": list(os.getloadavg()),
-        "passed": all(o.passed for o in outcomes),
-        "pipelines": {
-            o.name: {
-                "passed": o.passed,
-                "wall_s": o.wall_s,
-                "over_budget": o.over_budget is not None,
-                "checks": dict(o.checks),
-                "unresolved": dict(o.unresolved),
-                "error": o.error,
-                "out_dir": o.out_dir.name if o.out_dir is not None else None,
-            }
-            for o in outcomes
-        },
-        "environment": capture_environment(seed=seed, scale=scale),
-    }
-    write_json(out_root / "summary.json", summary)
-    lines = [
-        "# Reproduction summary",
-        "",
-        f"Scale: **{scale}**, seed {seed}, git commit "
-        f"`{summary['environment']['git_commit']}`, backend "
-        f"{summary['environment']['backend']} "
-        f"({summary['environment']['device_kind']}).",
-        "",
-        "| pipeline | status | checks passed | wall time (s) | quick budget (s) "
-        "| report |",
-        "|---|---|---|---:|---:|---|",
-    ]
-    for o in outcomes:
-        n_ok = sum(o.checks.values())
-        budget = QUICK_BUDGET_S.get(o.name)
-        budget_text = f"{budget:.0f}" if budget is not None else "-"
-        if o.over_budget is not None and scale == "quick":
-            budget_text += " (over)"
-        report = f"[{o.name}/REPORT.md]({o.name}/REPORT.md)" if o.out_dir else "-"
-        lines.append(
-            f"| {o.name} | {o.status} | {n_ok}/{len(o.checks)} | {o.wall_s:.1f} | "
-            f"{budget_text} | {report} |"
-        )
-    load = os.getloadavg()
-    lines += [
-        "",
-        f"Total wall time: {total:.1f} s (quick budget: "
-        f"{sum(QUICK_BUDGET_S.values()):.0f} s on a 2-core CPU). Load average at "
-        f"the end (1/5/15 min): {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on "
-        f"{os.cpu_count()} logical CPUs; wall times grow with a busy machine.",
-        "",
-    ]
-    for o in outcomes:
-        if o.error is None and o.failure is not None:
-            lines.append(f"- {o.name}: {o.failure}")
-        for check, spread in o.unresolved.items():
-            lines.append(f"- {o.name}: {check}: {UNRESOLVED}, {spread}")
-        if o.over_budget is not None and scale == "quick":
-            lines.append(
-                f"- {o.name}: over budget, {o.wall_s:.0f} s against its quick budget "
-                f"of {o.over_budget:.0f} s (load average {load[0]:.1f})"
-            )
-        if o.error:
-            last = o.error.strip().splitlines()[-1]
-            lines.append(f"- {o.name}: raised `{last}`")
-    tmp = out_root / f".REPORT.md.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, out_root / "REPORT.md")
