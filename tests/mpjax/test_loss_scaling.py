@@ -1,4 +1,9 @@
-"""Tests for the loss-scaling Optax wrappers."""
+"""Tests for the loss-scaling Optax wrappers: the contract battery over every
+variant, injected faults, scaled gradients and bad input.
+
+Their composition with other Optax transformations and the state readers are
+``test_loss_scaling_composition.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import optax
 import pytest
 
 import mpjax
+from tests.mpjax._trees import make_grads, make_params, scale_tree
 
 INF, NAN = float("inf"), float("nan")
 
@@ -29,21 +35,6 @@ STATE_TYPES = {
 }
 
 
-def _params(dtype=jnp.float32):
-    return {
-        "w": jnp.linspace(-1.0, 1.0, 6, dtype=dtype).reshape(2, 3),
-        "b": jnp.ones(3, dtype),
-    }
-
-
-def _grads(params, value=0.5):
-    return jax.tree.map(lambda p: jnp.full(p.shape, value, p.dtype), params)
-
-
-def _scaled(tree, scale):
-    return jax.tree.map(lambda g: (g.astype(jnp.float32) * scale).astype(g.dtype), tree)
-
-
 def _avals(tree):
     return jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), tree)
 
@@ -55,14 +46,14 @@ def _avals(tree):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_jit_init_update_and_state_type(variant, skip):
     opt = VARIANTS[variant](optax.sgd(0.1, momentum=0.9), skip=skip)
-    params = _params()
+    params = make_params()
     state = jax.jit(opt.init)(params)
     assert isinstance(state, STATE_TYPES[variant])
     assert state.skipped.dtype == jnp.int32
     if variant != "none":
         assert state.scale.dtype == jnp.float32 and state.scale.shape == ()
     updates, new_state = jax.jit(opt.update)(
-        _scaled(_grads(params), SCALE[variant]), state, params
+        scale_tree(make_grads(params), SCALE[variant]), state, params
     )
     np.testing.assert_allclose(updates["w"], -0.05, rtol=1e-6)
     chex.assert_trees_all_equal_shapes_and_dtypes(state, new_state)
@@ -72,11 +63,11 @@ def test_variant_jit_init_update_and_state_type(variant, skip):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_update_dtypes_equal_param_dtypes(variant, dtype):
     opt = VARIANTS[variant](optax.sgd(0.1, momentum=0.9))
-    params = _params(dtype)
+    params = make_params(dtype)
     state = opt.init(params)
     update = jax.jit(opt.update)
     for bad in (False, True):  # both the accepted and the skipped branch
-        grads = _scaled(_grads(params, INF if bad else 0.25), SCALE[variant])
+        grads = scale_tree(make_grads(params, INF if bad else 0.25), SCALE[variant])
         updates, state = update(grads, state, params)
         chex.assert_trees_all_equal_dtypes(updates, params)
         chex.assert_trees_all_equal_dtypes(state.inner_state[0].trace, params)
@@ -86,10 +77,10 @@ def test_variant_update_dtypes_equal_param_dtypes(variant, dtype):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_adam_bfloat16_params_keep_dtypes(variant):
     opt = VARIANTS[variant](optax.adam(1e-3))
-    params = _params(jnp.bfloat16)
+    params = make_params(jnp.bfloat16)
     state = opt.init(params)
     updates, new_state = jax.jit(opt.update)(
-        _scaled(_grads(params), SCALE[variant]), state, params
+        scale_tree(make_grads(params), SCALE[variant]), state, params
     )
     chex.assert_trees_all_equal_dtypes(updates, params)
     chex.assert_trees_all_equal_shapes_and_dtypes(state, new_state)
@@ -98,9 +89,9 @@ def test_variant_adam_bfloat16_params_keep_dtypes(variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_state_stable_through_cond_and_scan(variant):
     opt = VARIANTS[variant](optax.sgd(0.1, momentum=0.9))
-    params = _params()
+    params = make_params()
     state = opt.init(params)
-    grads = _scaled(_grads(params), SCALE[variant])
+    grads = scale_tree(make_grads(params), SCALE[variant])
 
     @jax.jit
     def run(state, pred):
@@ -124,9 +115,9 @@ def test_variant_state_stable_through_cond_and_scan(variant):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_pytree_round_trip_keeps_every_field(variant):
     opt = VARIANTS[variant](optax.sgd(0.1, momentum=0.9))
-    params = _params()
+    params = make_params()
     state = opt.init(params)
-    _, state = opt.update(_scaled(_grads(params), SCALE[variant]), state, params)
+    _, state = opt.update(scale_tree(make_grads(params), SCALE[variant]), state, params)
     leaves, treedef = jax.tree.flatten(state)
     rebuilt = jax.tree.unflatten(treedef, leaves)
     assert type(rebuilt) is type(state)
@@ -141,17 +132,17 @@ def test_dynamic_floor_and_ceiling_survive_jit():
     opt = mpjax.dynamic_loss_scaling(
         optax.sgd(0.1), init_scale=8.0, period=1, min_scale=2.0, max_scale=32.0
     )
-    params = _params()
+    params = make_params()
     state = opt.init(params)
     update = jax.jit(opt.update)
     scales = []
     for _ in range(5):
-        _, state = update(_grads(params, NAN), state, params)
+        _, state = update(make_grads(params, NAN), state, params)
         scales.append(float(state.scale))
     assert scales == [4.0, 2.0, 2.0, 2.0, 2.0]
     scales = []
     for _ in range(6):
-        _, state = update(_grads(params), state, params)
+        _, state = update(make_grads(params), state, params)
         scales.append(float(state.scale))
     assert scales == [4.0, 8.0, 16.0, 32.0, 32.0, 32.0]
 
@@ -159,17 +150,17 @@ def test_dynamic_floor_and_ceiling_survive_jit():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_variant_update_lowers_and_compiles(variant):
     opt = VARIANTS[variant](optax.sgd(0.1))
-    params = _params()
+    params = make_params()
     state = opt.init(params)
-    compiled = jax.jit(opt.update).lower(_grads(params), state, params).compile()
-    updates, _ = compiled(_scaled(_grads(params), SCALE[variant]), state, params)
+    compiled = jax.jit(opt.update).lower(make_grads(params), state, params).compile()
+    updates, _ = compiled(scale_tree(make_grads(params), SCALE[variant]), state, params)
     np.testing.assert_allclose(updates["b"], -0.05, rtol=1e-6)
 
 
 @pytest.mark.parametrize("variant", ["static", "dynamic"])
 def test_variant_new_scale_value_never_retraces(variant):
     opt = VARIANTS[variant](optax.sgd(1.0))
-    params = _params()
+    params = make_params()
     state = opt.init(params)
     traces = []
 
@@ -180,7 +171,7 @@ def test_variant_new_scale_value_never_retraces(variant):
 
     for scale in (2.0, 64.0, 3.0, 1024.0):
         s = state._replace(scale=jnp.float32(scale))
-        updates, _ = update(_scaled(_grads(params), scale), s)
+        updates, _ = update(scale_tree(make_grads(params), scale), s)
         np.testing.assert_allclose(updates["b"], -0.5, rtol=1e-6)
     assert len(traces) == 1
 
@@ -197,7 +188,7 @@ def test_dynamic_exact_scale_sequence_and_untouched_state(skip):
         min_scale=4.0,
         skip=skip,
     )
-    params = _params()
+    params = make_params()
     state = opt.init(params)
     update = jax.jit(opt.update)
     #         finite finite finite  inf  nan  nan  nan finite x3     finite
@@ -205,7 +196,7 @@ def test_dynamic_exact_scale_sequence_and_untouched_state(skip):
     expected = [16, 16, 32, 16, 8, 4, 4, 4, 4, 8, 8]
     scales, skipped = [], []
     for i, kind in enumerate(pattern):
-        grads = _scaled(_grads(params, 0.5 + i), float(state.scale))
+        grads = scale_tree(make_grads(params, 0.5 + i), float(state.scale))
         if kind != "ok":
             grads = {**grads, "w": grads["w"].at[1, 2].set(kind)}
         before = state
@@ -226,9 +217,9 @@ def test_dynamic_exact_scale_sequence_and_untouched_state(skip):
 @pytest.mark.parametrize("variant", ["none", "static"])
 def test_fixed_scale_variants_skip_non_finite_steps(variant):
     opt = VARIANTS[variant](optax.sgd(0.1, momentum=0.9))
-    params = _params(jnp.float16)
+    params = make_params(jnp.float16)
     state = opt.init(params)
-    _, state = opt.update(_scaled(_grads(params), SCALE[variant]), state, params)
+    _, state = opt.update(scale_tree(make_grads(params), SCALE[variant]), state, params)
     before = state
     bad = {"w": jnp.full((2, 3), jnp.nan, jnp.float16), "b": jnp.ones(3, jnp.float16)}
     updates, state = opt.update(bad, state, params)
@@ -256,141 +247,16 @@ def test_clipping_inside_chain_sees_unscaled_gradients(variant):
     # clipping the scaled instead of the unscaled gradients would be visible.
     inner = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
     opt = VARIANTS[variant](inner)
-    params = _params()
+    params = make_params()
     state, ref_state = opt.init(params), inner.init(params)
     update, ref_update = jax.jit(opt.update), jax.jit(inner.update)
     for i in range(3):
         grads = jax.tree.map(lambda p, i=i: (3.0 + i) * p + 1.0, params)  # norm > 1
-        updates, state = update(_scaled(grads, SCALE[variant]), state, params)
+        updates, state = update(scale_tree(grads, SCALE[variant]), state, params)
         expected, ref_state = ref_update(grads, ref_state, params)
         chex.assert_trees_all_close(updates, expected, rtol=1e-6, atol=0.0)
         params = optax.apply_updates(params, updates)
     chex.assert_trees_all_close(state.inner_state, ref_state, rtol=1e-6, atol=0.0)
-
-
-# -------------------------------------------------------------------- composition
-
-
-@pytest.mark.standard_promotion
-def test_multisteps_accumulation_matches_unscaled():
-    opt = optax.MultiSteps(
-        mpjax.dynamic_loss_scaling(optax.adam(1e-2), init_scale=2.0**12, period=1),
-        every_k_schedule=2,
-    )
-    ref = optax.MultiSteps(optax.adam(1e-2), every_k_schedule=2)
-    params = _params()
-    state, ref_state = opt.init(params), ref.init(params)
-    update, ref_update = jax.jit(opt.update), jax.jit(ref.update)
-    scales = []
-    for i in range(4):
-        grads = jax.tree.map(lambda p, i=i: p * (i + 1.0), params)
-        scale = mpjax.get_loss_scale(state)
-        updates, state = update(_scaled(grads, scale), state, params)
-        expected, ref_state = ref_update(grads, ref_state, params)
-        chex.assert_trees_all_close(updates, expected, rtol=1e-6, atol=1e-9)
-        scales.append(float(mpjax.get_loss_scale(state)))
-    # The scale changes only when the accumulated step reaches the inner optimizer.
-    assert scales == [2.0**12, 2.0**13, 2.0**13, 2.0**14]
-
-
-@pytest.mark.standard_promotion
-def test_inject_hyperparams_inside_and_outside():
-    inner = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
-    opt = mpjax.dynamic_loss_scaling(inner, init_scale=4.0)
-    params = _params()
-    state = opt.init(params)
-    update = jax.jit(opt.update)
-    updates, state = update(_scaled(_grads(params), 4.0), state, params)
-    np.testing.assert_allclose(updates["b"], -0.25)
-    hyper = dict(state.inner_state.hyperparams, learning_rate=jnp.asarray(0.125))
-    state = state._replace(inner_state=state.inner_state._replace(hyperparams=hyper))
-    updates, state = update(_scaled(_grads(params), 4.0), state, params)
-    np.testing.assert_allclose(updates["b"], -0.0625)
-
-    outer = optax.inject_hyperparams(
-        lambda learning_rate: mpjax.dynamic_loss_scaling(
-            optax.sgd(learning_rate), init_scale=8.0, period=1
-        )
-    )(learning_rate=0.5)
-    state = outer.init(params)
-    assert float(mpjax.get_loss_scale(state)) == 8.0
-    updates, state = jax.jit(outer.update)(_scaled(_grads(params), 8.0), state, params)
-    np.testing.assert_allclose(updates["b"], -0.25)
-    assert float(mpjax.get_loss_scale(state)) == 16.0
-
-
-@pytest.mark.standard_promotion
-def test_schedule_count_advances_only_on_applied_steps():
-    schedule = optax.piecewise_constant_schedule(1.0, {2: 0.1})
-    opt = mpjax.dynamic_loss_scaling(optax.sgd(schedule), init_scale=2.0)
-    params = _params()
-    state = opt.init(params)
-    update = jax.jit(opt.update)
-    rates = []
-    for bad in (False, True, True, False, False):
-        scale = float(mpjax.get_loss_scale(state))
-        grads = _scaled(_grads(params, NAN if bad else 1.0), scale)
-        updates, state = update(grads, state, params)
-        rates.append(-float(updates["b"][0]))
-    # Skipped steps leave the schedule's count alone: rates 1, -, -, 1, 0.1.
-    assert rates == pytest.approx([1.0, 0.0, 0.0, 1.0, 0.1])
-
-
-def test_multi_transform_with_int_counters():
-    params = {"w": jnp.ones((2, 2)), "count": jnp.int32(7)}
-    labels = {"w": "float", "count": "int"}
-    inner = optax.multi_transform(
-        {"float": optax.sgd(0.5), "int": optax.set_to_zero()}, labels
-    )
-    opt = mpjax.dynamic_loss_scaling(inner, init_scale=8.0)
-    state = opt.init(params)
-    grads = {"w": jnp.full((2, 2), 8.0), "count": jnp.int32(3)}
-    updates, state = jax.jit(opt.update)(grads, state, params)
-    assert updates["count"].dtype == jnp.int32 and int(updates["count"]) == 0
-    np.testing.assert_array_equal(updates["w"], -0.5)
-    new = optax.apply_updates(params, updates)
-    assert new["count"].dtype == jnp.int32 and int(new["count"]) == 7
-    assert int(state.skipped) == 0
-
-
-def test_get_loss_scale_inside_multi_transform_and_ambiguity():
-    params = {"a": jnp.ones(2), "b": jnp.ones(2)}
-    one = optax.multi_transform(
-        {
-            "a": mpjax.static_loss_scaling(optax.sgd(0.1), 32.0),
-            "b": optax.set_to_zero(),
-        },
-        {"a": "a", "b": "b"},
-    )
-    assert float(mpjax.get_loss_scale(one.init(params))) == 32.0
-    two = optax.multi_transform(
-        {
-            "a": mpjax.static_loss_scaling(optax.sgd(0.1), 32.0),
-            "b": mpjax.dynamic_loss_scaling(optax.sgd(0.1)),
-        },
-        {"a": "a", "b": "b"},
-    )
-    with pytest.raises(ValueError, match="2 loss-scaling states"):
-        mpjax.get_loss_scale(two.init(params))
-
-
-def test_get_loss_scale_defaults_and_nesting():
-    params = _params()
-    nested = optax.chain(
-        optax.identity(), mpjax.dynamic_loss_scaling(optax.sgd(0.1), init_scale=64.0)
-    )
-    assert float(mpjax.get_loss_scale(nested.init(params))) == 64.0
-    none = mpjax.no_loss_scaling(optax.sgd(0.1))
-    assert float(mpjax.get_loss_scale(none.init(params))) == 1.0
-    assert mpjax.get_skipped_steps(none.init(params)).dtype == jnp.int32
-
-
-@pytest.mark.parametrize("getter", [mpjax.get_loss_scale, mpjax.get_skipped_steps])
-def test_getters_refuse_a_state_without_loss_scaling(getter):
-    # a plain optimizer holds no scale: reading one would report a made-up 1.0
-    state = optax.chain(optax.identity(), optax.sgd(0.1)).init(_params())
-    with pytest.raises(ValueError, match="holds no loss-scaling state.*dynamic_loss"):
-        getter(state)
 
 
 # ------------------------------------------------------------- scaled_value_and_grad
@@ -491,7 +357,7 @@ def test_variant_mixed_leaf_dtypes_keep_their_dtypes(variant):
     # Momentum 0.5: the third step sees 0.25 + 0.5 * 0.5 only if the NaN step left
     # the trace alone.
     for value, expected in ((0.5, -0.25), (NAN, 0.0), (0.25, -0.25)):
-        grads = _scaled(_grads(params, value), mpjax.get_loss_scale(state))
+        grads = scale_tree(make_grads(params, value), mpjax.get_loss_scale(state))
         updates, new_state = update(grads, state, params)
         chex.assert_trees_all_equal_dtypes(updates, params)
         chex.assert_trees_all_equal_shapes_and_dtypes(new_state, state)
@@ -532,75 +398,3 @@ def test_float64_gradients_are_unscaled_in_float64(x64):
     updates, _ = jax.jit(opt.update)(grads, opt.init(params), params)
     assert updates["w"].dtype == jnp.float64
     np.testing.assert_array_equal(updates["w"], -1e-300)
-
-
-# ---------------------------------------------------------------- Flax NNX states
-
-
-def _nnx_model_and_optimizer():
-    from flax import nnx
-
-    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
-    tx = mpjax.dynamic_loss_scaling(optax.adam(1e-3), init_scale=2.0**10)
-    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-
-@pytest.mark.standard_promotion
-def test_get_loss_scale_reads_nnx_optimizer_and_its_states():
-    from flax import nnx
-
-    _, optimizer = _nnx_model_and_optimizer()
-    for held in (
-        optimizer,
-        optimizer.opt_state,
-        nnx.state(optimizer),
-        nnx.state(optimizer.opt_state),
-    ):
-        scale = mpjax.get_loss_scale(held)
-        assert isinstance(scale, jax.Array), type(held)
-        assert scale.dtype == jnp.float32 and float(scale) == 2.0**10
-        skipped = mpjax.get_skipped_steps(held)
-        assert isinstance(skipped, jax.Array), type(held)
-        assert skipped.dtype == jnp.int32 and int(skipped) == 0
-
-
-@pytest.mark.standard_promotion
-def test_get_loss_scale_nnx_optimizer_follows_skipped_step():
-    from flax import nnx
-
-    model, optimizer = _nnx_model_and_optimizer()
-    grads = jax.tree.map(
-        lambda p: jnp.full(p.shape, INF, p.dtype), nnx.state(model, nnx.Param)
-    )
-    optimizer.update(model, grads)
-    scale = mpjax.get_loss_scale(optimizer)
-    assert isinstance(scale, jax.Array) and float(scale) == 2.0**9
-    assert int(mpjax.get_skipped_steps(optimizer.opt_state)) == 1
-
-
-@pytest.mark.standard_promotion
-def test_get_loss_scale_nnx_optimizer_without_loss_scaling_raises():
-    from flax import nnx
-
-    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-    with pytest.raises(ValueError, match="no loss-scaling state"):
-        mpjax.get_loss_scale(optimizer)
-    with pytest.raises(ValueError, match="no loss-scaling state"):
-        mpjax.get_skipped_steps(optimizer.opt_state)
-
-
-@pytest.mark.parametrize("bad", [None, 3.0, 7, "adam", jnp.ones(2), object()])
-@pytest.mark.parametrize("getter", [mpjax.get_loss_scale, mpjax.get_skipped_steps])
-def test_get_loss_scale_rejects_non_states(getter, bad):
-    with pytest.raises(TypeError, match="optimizer state"):
-        getter(bad)
-
-
-@pytest.mark.standard_promotion
-def test_get_loss_scale_rejects_nnx_model():
-    from flax import nnx
-
-    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
-    with pytest.raises(TypeError, match="nnx.Optimizer"):
-        mpjax.get_loss_scale(model)
