@@ -32,11 +32,10 @@ from lbm_jax._run import (
     RunResult,
     RunStats,
     Samples,
-    relative_change,
     run,
-    steady,
 )
 from lbm_jax._simulation import LBMState, Simulation
+from lbm_jax._stop import relative_change, steady
 from lbm_jax._storage import StoragePolicy, get_storage, list_storages
 from lbm_jax._units import CS2, MAX_MACH, MIN_TAU
 

@@ -333,7 +333,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     import jax.numpy as jnp
 
-    from lbm_jax._run import run, steady
+    from lbm_jax._run import run
+    from lbm_jax._stop import steady
     from lbm_jax.ibm import area, shear_plane_deformation, volume
 
     opts = setup.options

@@ -134,7 +134,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     from lbm_jax._observables import velocity
-    from lbm_jax._run import relative_change, run, steady
+    from lbm_jax._run import run
+    from lbm_jax._stop import relative_change, steady
 
     n, nu, g = setup.n, setup.nu, _force(setup)
     sim, start = build(setup)
