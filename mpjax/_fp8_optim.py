@@ -109,6 +109,57 @@ def _masked(leaves: list[Any], treedef: Any) -> Any:
     )
 
 
+def _carried_config(leaf: Any, config: Fp8Config | None) -> Fp8Config:
+    """The config an fp8 state carries (``config``, or one of its history
+    length, for a state built without one), checked against ``config``.
+
+    Raises:
+        ValueError: ``config`` differs from the carried one, or the state's
+            history length from its config's.
+    """
+    value = meta_value(leaf)
+    carried = value.config
+    if carried is None:
+        carried = config or Fp8Config(history_length=value.history_bits.shape[-1])
+    elif config is not None and config != carried:
+        raise ValueError(
+            f"fp8_delayed_scaling was given {config} but the model carries "
+            f"{carried}; leave config out (the model's is used) or build the "
+            "model with the same one."
+        )
+    length = value.history_bits.shape[-1]
+    if length != carried.history_length:
+        raise ValueError(
+            f"an fp8 state has a history of {length} steps but the config says "
+            f"{carried.history_length}; pass the Fp8Config given to "
+            "mpjax.apply_policy."
+        )
+    return carried
+
+
+def _meta_update(
+    param: Any, grad: Any, config: Fp8Config, skipped: Any, ratio: Any
+) -> Any:
+    """The update of one fp8 state: the difference between its
+    :func:`update_fp8_meta` result (from the amax its gradient carries) and the
+    state, so that applying updates writes the new state."""
+    old = meta_value(param)
+    new = update_fp8_meta(
+        old,
+        meta_value(grad).amax,
+        config,
+        skipped=skipped,
+        loss_scale_ratio=ratio,
+    )
+    delta = Fp8MetaValue(
+        new.scale_bits - old.scale_bits,
+        new.history_bits - old.history_bits,
+        jnp.zeros_like(old.amax),
+        old.config,
+    )
+    return with_meta_value(param, delta)
+
+
 class Fp8DelayedScalingState(NamedTuple):
     """State of :func:`fp8_delayed_scaling`.
 
@@ -163,30 +214,10 @@ def fp8_delayed_scaling(
         )
     inner = optax.with_extra_args_support(inner)
 
-    def config_of(leaf: Any) -> Fp8Config:
-        value = meta_value(leaf)
-        carried = value.config
-        if carried is None:
-            carried = config or Fp8Config(history_length=value.history_bits.shape[-1])
-        elif config is not None and config != carried:
-            raise ValueError(
-                f"fp8_delayed_scaling was given {config} but the model carries "
-                f"{carried}; leave config out (the model's is used) or build the "
-                "model with the same one."
-            )
-        length = value.history_bits.shape[-1]
-        if length != carried.history_length:
-            raise ValueError(
-                f"an fp8 state has a history of {length} steps but the config says "
-                f"{carried.history_length}; pass the Fp8Config given to "
-                "mpjax.apply_policy."
-            )
-        return carried
-
     def check(leaves: list[Any]) -> None:
         for leaf in leaves:
             if is_meta(leaf):
-                config_of(leaf)
+                _carried_config(leaf, config)
 
     def init_fn(params: Any) -> Fp8DelayedScalingState:
         leaves, treedef = _split(params, "parameters")
@@ -231,21 +262,8 @@ def fp8_delayed_scaling(
             if not is_meta(param):
                 out.append(inner_update)
                 continue
-            old = meta_value(param)
-            new = update_fp8_meta(
-                old,
-                meta_value(grad).amax,
-                config_of(param),
-                skipped=skipped,
-                loss_scale_ratio=ratio,
-            )
-            delta = Fp8MetaValue(
-                new.scale_bits - old.scale_bits,
-                new.history_bits - old.history_bits,
-                jnp.zeros_like(old.amax),
-                old.config,
-            )
-            out.append(with_meta_value(param, delta))
+            cfg = _carried_config(param, config)
+            out.append(_meta_update(param, grad, cfg, skipped, ratio))
         return jax.tree.unflatten(treedef, out), Fp8DelayedScalingState(inner_state)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
