@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "OPERATIONS",
@@ -174,97 +174,147 @@ def _worker(op: str, n: int, lattice: str, storage: str, streaming: str | None) 
     sim = lbm_jax.Simulation(lattice, shape, **kwargs)
     settle()
     baseline = _rss()
-    q, d = sim.lattice.q, sim.lattice.d
-    state_bytes = cells * q * sim.storage.storage_dtype.itemsize
-    value = sim.storage.compute_dtype.itemsize
     buffers = 1 if streaming == "inplace" else 2  # None: no such option, two
-    inputs = state_bytes  # bytes of the inputs the operation reads
-    output = 0  # bytes it returns, or scratch buffers it needs
-    consumes = op in ("advance", "run", "checkpoint")  # donates its input state
-    action: Callable[[], Any]
-    if op in ("init", "init_jit"):
-        inputs, output = 0, state_bytes
-        action = sim.init if op == "init" else jax.jit(sim.init)
-    else:
-        state = sim.init()
-        jax.block_until_ready(state)
-        if op == "advance":
-            output = (buffers - 1) * state_bytes
-            action = lambda: sim.advance(state, 4)  # noqa: E731
-        elif op == "run":
-            output = (buffers - 1) * state_bytes
-            action = lambda: lbm_jax.run(sim, state, 4).state  # noqa: E731
-        elif op == "checkpoint":
-            output = (buffers - 1) * state_bytes
-            dirs = iter(os.path.join(work, f"ck{i}") for i in range(2))
-
-            def action() -> Any:
-                policy = lbm_jax.Checkpoint(next(dirs), every=2)
-                return lbm_jax.run(sim, state, 4, checkpoint=policy).state
-
-        elif op == "density":
-            output = cells * value
-            action = lambda: lbm_jax.density(sim, state)  # noqa: E731
-        elif op == "velocity":
-            output = d * cells * value
-            action = lambda: lbm_jax.velocity(sim, state)  # noqa: E731
-        elif op == "populations":
-            output = q * cells * value
-            action = lambda: sim.populations(state)  # noqa: E731
-        elif op == "healthy":
-            action = lambda: sim.healthy(state)  # noqa: E731
-        elif op == "momentum_exchange":
-            output = cells  # the cell-type grid, copied to the device
-            action = lambda: lbm_jax.momentum_exchange_force(sim, state)  # noqa: E731
-        elif op == "vorticity":
-            u = jax.block_until_ready(lbm_jax.velocity(sim, state))
-            del state
-            inputs = u.nbytes
-            output = u.nbytes if d == 3 else cells * value
-            action = lambda: lbm_jax.vorticity(u)  # noqa: E731
-        elif op == "save_state":
-            paths = iter(os.path.join(work, f"s{i}.npz") for i in range(2))
-            action = lambda: lbm_jax.save_state(next(paths), state)  # noqa: E731
-        elif op == "load_state":
-            path = os.path.join(work, "s.npz")
-            lbm_jax.save_state(path, state)
-            template = jax.eval_shape(lambda: state)
-            del state
-            inputs, output = 0, state_bytes
-            action = lambda: lbm_jax.load_state(path, like=template)[0]  # noqa: E731
-        elif op == "write_vti":
-            fields = jax.block_until_ready(sim.fields(state))
-            del state
-            inputs = sum(a.nbytes for a in fields)
-            paths = iter(os.path.join(work, f"f{i}.vti") for i in range(2))
-            action = lambda: lbm_jax.write_vti(  # noqa: E731
-                next(paths), {"rho": fields[0], "u": fields[1]}
-            )
-        else:
-            raise ValueError(f"unknown operation {op!r}; expected one of {OPERATIONS}.")
+    operation = _operation(op, sim, work, buffers)
     # first call: compiles, then runs
     settle()
     before_peak, before = _maxrss(), _rss()
     reset = _reset_peak()
     t0 = time.perf_counter()
-    first = jax.block_until_ready(action())
+    first = jax.block_until_ready(operation.action())
     seconds = time.perf_counter() - t0
     cold = (_maxrss() if reset else max(_maxrss(), before_peak)) - before
     # second call, compiled; the first result stays alive, so its memory cannot
     # be reused for the second one's output (a consumed state is the new input)
-    if consumes:
-        state = first  # noqa: F841  (read by the action's closure)
+    if operation.feed is not None:
+        operation.feed(first)
         first = None
     settle()
     before_peak, held = _maxrss(), _rss()
     reset = _reset_peak()
-    second = jax.block_until_ready(action())
+    second = jax.block_until_ready(operation.action())
     own = (_maxrss() if reset else max(_maxrss(), before_peak)) - held
     del first, second
     shutil.rmtree(work, ignore_errors=True)
+    inputs, output = operation.inputs, operation.output
     row = _row(op, baseline, inputs, inputs + output, own, cold, reset)
     row["seconds"] = round(seconds, 3)
     return row
+
+
+class _Operation(NamedTuple):
+    """One measured operation, ready to call.
+
+    Attributes:
+        action: Runs the operation once and returns its result.
+        inputs: Bytes of the inputs the operation reads.
+        output: Bytes it returns, or of the scratch buffers it needs.
+        feed: For an operation that donates its input state: hands it the
+            state the previous call returned (``None`` for the others).
+    """
+
+    action: Callable[[], Any]
+    inputs: int
+    output: int
+    feed: Callable[[Any], None] | None = None
+
+
+def _operation(op: str, sim: Any, work: str, buffers: int) -> _Operation:
+    """Operation ``op`` on ``sim``'s initial state (files go to ``work``); the
+    state is held only by the operation's closure, or dropped where the
+    operation reads something derived from it."""
+    import jax
+
+    import lbm_jax
+
+    cells, q, d = sim.num_cells, sim.lattice.q, sim.lattice.d
+    state_bytes = cells * q * sim.storage.storage_dtype.itemsize
+    value = sim.storage.compute_dtype.itemsize
+    if op in ("init", "init_jit"):
+        action = sim.init if op == "init" else jax.jit(sim.init)
+        return _Operation(action, 0, state_bytes)
+    box = {"state": jax.block_until_ready(sim.init())}
+    feed = box.__setitem__
+    scratch = (buffers - 1) * state_bytes
+    if op == "advance":
+        return _Operation(
+            lambda: sim.advance(box["state"], 4),
+            state_bytes,
+            scratch,
+            lambda new: feed("state", new),
+        )
+    if op == "run":
+        return _Operation(
+            lambda: lbm_jax.run(sim, box["state"], 4).state,
+            state_bytes,
+            scratch,
+            lambda new: feed("state", new),
+        )
+    if op == "checkpoint":
+        dirs = iter(os.path.join(work, f"ck{i}") for i in range(2))
+
+        def checkpointed() -> Any:
+            policy = lbm_jax.Checkpoint(next(dirs), every=2)
+            return lbm_jax.run(sim, box["state"], 4, checkpoint=policy).state
+
+        return _Operation(
+            checkpointed, state_bytes, scratch, lambda new: feed("state", new)
+        )
+    readouts = {
+        "density": (lambda: lbm_jax.density(sim, box["state"]), cells * value),
+        "velocity": (lambda: lbm_jax.velocity(sim, box["state"]), d * cells * value),
+        "populations": (lambda: sim.populations(box["state"]), q * cells * value),
+        "healthy": (lambda: sim.healthy(box["state"]), 0),
+        # output: the cell-type grid, copied to the device
+        "momentum_exchange": (
+            lambda: lbm_jax.momentum_exchange_force(sim, box["state"]),
+            cells,
+        ),
+    }
+    if op in readouts:
+        action, output = readouts[op]
+        return _Operation(action, state_bytes, output)
+    state = box.pop("state")
+    return _file_or_derived_operation(op, sim, state, work, state_bytes, value)
+
+
+def _file_or_derived_operation(
+    op: str, sim: Any, state: Any, work: str, state_bytes: int, value: int
+) -> _Operation:
+    """The operations that write or read files, or read a field derived from the
+    state (the state itself is dropped where it is not needed)."""
+    import jax
+
+    import lbm_jax
+
+    if op == "vorticity":
+        u = jax.block_until_ready(lbm_jax.velocity(sim, state))
+        del state
+        output = u.nbytes if sim.lattice.d == 3 else sim.num_cells * value
+        return _Operation(lambda: lbm_jax.vorticity(u), u.nbytes, output)
+    if op == "save_state":
+        paths = iter(os.path.join(work, f"s{i}.npz") for i in range(2))
+        return _Operation(
+            lambda: lbm_jax.save_state(next(paths), state), state_bytes, 0
+        )
+    if op == "load_state":
+        path = os.path.join(work, "s.npz")
+        lbm_jax.save_state(path, state)
+        template = jax.eval_shape(lambda: state)
+        del state
+        return _Operation(
+            lambda: lbm_jax.load_state(path, like=template)[0], 0, state_bytes
+        )
+    if op == "write_vti":
+        fields = jax.block_until_ready(sim.fields(state))
+        del state
+        paths = iter(os.path.join(work, f"f{i}.vti") for i in range(2))
+        return _Operation(
+            lambda: lbm_jax.write_vti(next(paths), {"rho": fields[0], "u": fields[1]}),
+            sum(a.nbytes for a in fields),
+            0,
+        )
+    raise ValueError(f"unknown operation {op!r}; expected one of {OPERATIONS}.")
 
 
 def _row(
