@@ -104,41 +104,8 @@ def write_report(
         table,
         "",
         *(["## Stated speed ratios", "", targets, ""] if targets else []),
-        *(
-            [
-                "## Scaling over devices (D3Q19, box split along x, XLA step)",
-                "",
-                "Each run is `python -m lbm_jax bench --devices P` in its own "
-                "process with exactly P host devices "
-                "(`XLA_FLAGS=--xla_force_host_platform_device_count=P`). Strong: "
-                "the same box on every count; weak: about the same cells per "
-                "device (the box side rounded to a multiple of P). Efficiency = "
-                "MLUPs_P / (P MLUPs_1); halo = ghost layers sent per step (whole "
-                "x-faces of q values in the storage format, both directions, all "
-                "devices); halo share = halo bytes / population bytes of a step. "
-                "On a CPU the devices share the cores and the memory bus.",
-                "",
-                scaling,
-                "",
-            ]
-            if scaling
-            else []
-        ),
-        *(
-            [
-                "## Memory footprint (D3Q19, host memory, GB = 1e9 B)",
-                "",
-                "Each operation runs in its own process (`python -m "
-                "lbm_jax.bench_memory`); bound = the interpreter's baseline + the "
-                "state + the output + the scheme's scratch (a second population "
-                "buffer for two-buffer streaming); `cold` includes compilation.",
-                "",
-                memory,
-                "",
-            ]
-            if memory
-            else []
-        ),
+        *_scaling_section(scaling),
+        *_memory_section(memory),
         "![MLUPs](mlups.png)",
         "",
         f"Load average (1 min) before / after the sweep: {load[0]:.2f} / "
@@ -165,3 +132,42 @@ def write_report(
         ]
     lines += checks_section(checks, unresolved)
     (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
+
+
+def _scaling_section(scaling: str) -> list[str]:
+    """The report's section on scaling over devices (none without a table)."""
+    if not scaling:
+        return []
+    return [
+        "## Scaling over devices (D3Q19, box split along x, XLA step)",
+        "",
+        "Each run is `python -m lbm_jax bench --devices P` in its own "
+        "process with exactly P host devices "
+        "(`XLA_FLAGS=--xla_force_host_platform_device_count=P`). Strong: "
+        "the same box on every count; weak: about the same cells per "
+        "device (the box side rounded to a multiple of P). Efficiency = "
+        "MLUPs_P / (P MLUPs_1); halo = ghost layers sent per step (whole "
+        "x-faces of q values in the storage format, both directions, all "
+        "devices); halo share = halo bytes / population bytes of a step. "
+        "On a CPU the devices share the cores and the memory bus.",
+        "",
+        scaling,
+        "",
+    ]
+
+
+def _memory_section(memory: str) -> list[str]:
+    """The report's section on the memory footprint (none without a table)."""
+    if not memory:
+        return []
+    return [
+        "## Memory footprint (D3Q19, host memory, GB = 1e9 B)",
+        "",
+        "Each operation runs in its own process (`python -m "
+        "lbm_jax.bench_memory`); bound = the interpreter's baseline + the "
+        "state + the output + the scheme's scratch (a second population "
+        "buffer for two-buffer streaming); `cold` includes compilation.",
+        "",
+        memory,
+        "",
+    ]

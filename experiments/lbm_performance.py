@@ -415,6 +415,37 @@ def fluidx3d_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     ]
 
 
+def _rows_table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of the measured rows: speed, bytes, roofline, ratio."""
+    return markdown_table(
+        [
+            "lattice",
+            "n",
+            "storage",
+            "devices",
+            "MLUPs",
+            "B/cell",
+            "roofline MLUPs",
+            "fraction",
+            "vs FP32",
+        ],
+        [
+            [
+                r["lattice"],
+                r["n"],
+                r["storage"],
+                r["devices"],
+                r["mlups"],
+                r["bytes_per_cell"],
+                r["roofline_mlups"],
+                r["roofline_fraction"],
+                r["speedup_vs_fp32"],
+            ]
+            for r in rows
+        ],
+    )
+
+
 def run(
     out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
 ) -> dict[str, Any]:
@@ -459,33 +490,7 @@ def run(
         targets = "\n\n".join(
             t for t in (targets, gpu_table(rows, env["device_kind"])) if t
         )
-    table = markdown_table(
-        [
-            "lattice",
-            "n",
-            "storage",
-            "devices",
-            "MLUPs",
-            "B/cell",
-            "roofline MLUPs",
-            "fraction",
-            "vs FP32",
-        ],
-        [
-            [
-                r["lattice"],
-                r["n"],
-                r["storage"],
-                r["devices"],
-                r["mlups"],
-                r["bytes_per_cell"],
-                r["roofline_mlups"],
-                r["roofline_fraction"],
-                r["speedup_vs_fp32"],
-            ]
-            for r in rows
-        ],
-    )
+    table = _rows_table(rows)
     fluidx3d = fluidx3d_rows(rows) if env["backend"] == "gpu" else []
     figure(rows, out_dir)
     _framework.write_json(
