@@ -269,21 +269,7 @@ def run(
     st = settings_for(scale)
     out_dir = Path(out_dir)
     env = _framework.capture_environment(seed=seed, scale=scale)
-    studies: dict[float, list[dict[str, Any]]] = {}
-    for ca in st.cas:
-        options = {"radius": st.radius, "n": st.height, "width": st.width}
-        options.update(re=st.re, ca=ca, kernel=4, nodes=642)
-        setup = lbm_jax.cases.prepare_case("capsule", **options)
-        steps = math.ceil(st.relaxation_times * setup.options["relaxation_time"])
-        studies[ca] = sweep(
-            "capsule",
-            st.runs,
-            f"capsule Ca={ca:g}",
-            run_root=out_dir / "runs" / f"ca_{ca:g}",
-            store=work_dir,
-            steps=steps,
-            **options,
-        )
+    studies = _run_studies(st, out_dir, work_dir)
     conv = None
     if st.convergence is not None:
         conv = run_convergence(
@@ -292,40 +278,7 @@ def run(
     bench = None
     if scale != "tiny":
         bench = bench_ibm(rounds=st.bench_rounds)
-    rows, findings = [], []
-    for ca, records in studies.items():
-        ref = next((r for r in records if r["storage"] == "FP64/FP64"), None)
-        for r in records:
-            r["deviation_vs_fp64"] = _deviation(r, ref)
-            s = r["summary"]
-            rows.append(
-                [
-                    fmt(ca),
-                    r["label"],
-                    "stable" if r["stable"] else "UNSTABLE",
-                    fmt(s.get("taylor_deformation"), ".5f"),
-                    fmt(r["deviation_vs_fp64"], ".2e"),
-                    fmt(s.get("deformation_error"), ".3f"),
-                    fmt(s.get("relaxation_rate_error"), ".3f"),
-                    fmt(s.get("inclination_deg"), ".1f"),
-                    fmt(s.get("volume_drift"), ".1e"),
-                ]
-            )
-        findings.append(_finding(ca, records))
-    table = markdown_table(
-        [
-            "Ca",
-            "storage",
-            "status",
-            "D (last)",
-            "deviation from FP64",
-            "error vs theory",
-            "rate error",
-            "theta (deg)",
-            "volume drift",
-        ],
-        rows,
-    )
+    table, findings = _compare_with_fp64(studies)
     checks = evaluate_checks(studies, st, bench)
     figure = _figure(studies, out_dir)
     figures = [figure]
@@ -361,6 +314,70 @@ def run(
         "bench": bench,
         "convergence": conv,
     }
+
+
+def _run_studies(
+    st: Settings, out_dir: Path, work_dir: Path | None
+) -> dict[float, list[dict[str, Any]]]:
+    """Every storage's run at every capillary number: the records by Ca."""
+    studies: dict[float, list[dict[str, Any]]] = {}
+    for ca in st.cas:
+        options = {"radius": st.radius, "n": st.height, "width": st.width}
+        options.update(re=st.re, ca=ca, kernel=4, nodes=642)
+        setup = lbm_jax.cases.prepare_case("capsule", **options)
+        steps = math.ceil(st.relaxation_times * setup.options["relaxation_time"])
+        studies[ca] = sweep(
+            "capsule",
+            st.runs,
+            f"capsule Ca={ca:g}",
+            run_root=out_dir / "runs" / f"ca_{ca:g}",
+            store=work_dir,
+            steps=steps,
+            **options,
+        )
+    return studies
+
+
+def _compare_with_fp64(
+    studies: dict[float, list[dict[str, Any]]],
+) -> tuple[str, list[str]]:
+    """Each record's deviation from the FP64 run (set in the record), the
+    results table and the findings, one per Ca."""
+    rows, findings = [], []
+    for ca, records in studies.items():
+        ref = next((r for r in records if r["storage"] == "FP64/FP64"), None)
+        for r in records:
+            r["deviation_vs_fp64"] = _deviation(r, ref)
+            s = r["summary"]
+            rows.append(
+                [
+                    fmt(ca),
+                    r["label"],
+                    "stable" if r["stable"] else "UNSTABLE",
+                    fmt(s.get("taylor_deformation"), ".5f"),
+                    fmt(r["deviation_vs_fp64"], ".2e"),
+                    fmt(s.get("deformation_error"), ".3f"),
+                    fmt(s.get("relaxation_rate_error"), ".3f"),
+                    fmt(s.get("inclination_deg"), ".1f"),
+                    fmt(s.get("volume_drift"), ".1e"),
+                ]
+            )
+        findings.append(_finding(ca, records))
+    table = markdown_table(
+        [
+            "Ca",
+            "storage",
+            "status",
+            "D (last)",
+            "deviation from FP64",
+            "error vs theory",
+            "rate error",
+            "theta (deg)",
+            "volume drift",
+        ],
+        rows,
+    )
+    return table, findings
 
 
 def _finding(ca: float, records: list[dict[str, Any]]) -> str:
@@ -459,6 +476,14 @@ def _write_report(
         *(f"![{figure.stem}]({figure.name})" for figure in figures),
         "",
     ]
+    lines += _convergence_section(st) + _bench_section(bench)
+    lines += checks_section(checks)
+    (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
+
+
+def _convergence_section(st: Settings) -> list[str]:
+    """The report's lines on the radius-convergence study (or why it did not run)."""
+    lines: list[str] = []
     if st.convergence is not None:
         c = st.convergence
         lines += [
@@ -483,6 +508,12 @@ def _write_report(
             "hours on a 2-core CPU).",
             "",
         ]
+    return lines
+
+
+def _bench_section(bench: dict[str, Any] | None) -> list[str]:
+    """The report's section on the immersed boundary's cost (none unmeasured)."""
+    lines: list[str] = []
     if bench is not None:
         lines += [
             "## Cost of the immersed boundary",
@@ -511,8 +542,7 @@ def _write_report(
             ),
             "",
         ]
-    lines += checks_section(checks)
-    (out_dir / "REPORT.md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
