@@ -224,18 +224,7 @@ def prepare(
             "raise n (the height) or width, or lower radius."
         )
     re = 0.02 if re is None else re
-    nu = viscosity(tau)
-    shear_rate = re * nu / radius**2
-    wall_speed = shear_rate * height / 2.0
-    _common.check_speed(wall_speed, what=f"wall speed gamma_dot H / 2 (re={re:g})")
-    elastic_speed = shear_rate * radius / opts["ca"]
-    if elastic_speed > MAX_NODE_SPEED:
-        raise ValueError(
-            f"ca={opts['ca']:g} with re={re:g} gives a membrane velocity scale "
-            f"G_s / mu = gamma_dot r / Ca = {elastic_speed:.3g} cells per step, above "
-            f"{MAX_NODE_SPEED:.3g}: nodes would move too far per step. Raise ca or "
-            "lower re."
-        )
+    shear_rate, wall_speed = _shear(re, opts["ca"], tau, radius, height)
     opts["tol"] = float(opts["tol"])
     if opts["max_times"] <= 0 or opts["tol"] < 0:
         raise ValueError(
@@ -270,6 +259,31 @@ def prepare(
         write_files=_write_files,
         shape=(width, width, height + 2),
     )
+
+
+def _shear(
+    re: float, ca: float, tau: float, radius: float, height: int
+) -> tuple[float, float]:
+    """The shear rate ``gamma_dot = Re nu / r^2`` and the wall speed
+    ``gamma_dot H / 2``, both checked: the wall below the Mach limit, the
+    membrane's velocity scale ``gamma_dot r / Ca`` below :data:`MAX_NODE_SPEED`.
+
+    Raises:
+        ValueError: A speed above its limit.
+    """
+    nu = viscosity(tau)
+    shear_rate = re * nu / radius**2
+    wall_speed = shear_rate * height / 2.0
+    _common.check_speed(wall_speed, what=f"wall speed gamma_dot H / 2 (re={re:g})")
+    elastic_speed = shear_rate * radius / ca
+    if elastic_speed > MAX_NODE_SPEED:
+        raise ValueError(
+            f"ca={ca:g} with re={re:g} gives a membrane velocity scale "
+            f"G_s / mu = gamma_dot r / Ca = {elastic_speed:.3g} cells per step, above "
+            f"{MAX_NODE_SPEED:.3g}: nodes would move too far per step. Raise ca or "
+            "lower re."
+        )
+    return shear_rate, wall_speed
 
 
 def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
@@ -330,7 +344,10 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     return ib, ib.init(sim.init(1.0, u0))
 
 
-def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+def _drive(setup: CaseSetup, ib: Any, state: Any, driver: dict[str, Any]) -> Any:
+    """Run the coupled capsule with the driver's options, sampling its deformation,
+    inclination, volume and area; a run of the default length stops once the
+    deformation is steady."""
     import jax.numpy as jnp
 
     from lbm_jax._run import run
@@ -338,11 +355,8 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     from lbm_jax.ibm import area, shear_plane_deformation, volume
 
     opts = setup.options
-    ca, law, c = opts["ca"], opts["law"], opts["skalak_c"]
-    gamma = opts["shear_rate"]
-    ib, state = build(setup)
-    membrane, sim = ib.membrane, ib.sim
-    faces = jnp.asarray(membrane.faces)
+    gamma, ca = opts["shear_rate"], opts["ca"]
+    faces = jnp.asarray(ib.membrane.faces)
 
     def observe(state: Any) -> dict[str, Any]:
         d, theta = shear_plane_deformation(state.nodes, faces)
@@ -362,7 +376,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         def stop(state: Any, history: Any) -> Any:
             return on_d(state, history._replace(values=history.values["D"]))
 
-    result = run(
+    return run(
         ib.step,
         state,
         setup.steps,
@@ -372,6 +386,17 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         stop=stop,
         **driver,
     )
+
+
+def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """Run a prepared capsule case; its metrics against the theory, its sampled
+    time series and final fields."""
+    opts = setup.options
+    ca, law, c = opts["ca"], opts["law"], opts["skalak_c"]
+    gamma = opts["shear_rate"]
+    ib, state = build(setup)
+    membrane, sim = ib.membrane, ib.sim
+    result = _drive(setup, ib, state, driver)
     samples = {k: np.asarray(v, np.float64) for k, v in result.samples.values.items()}
     t = np.asarray(result.samples.steps, np.float64)
     x0 = membrane.reference_nodes
