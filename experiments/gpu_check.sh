@@ -39,8 +39,7 @@ for part in "${parts[@]}"; do
             --parts agreement,large,capsule --out "$out/gpu_lbm_check" ;;
     tests)
         run_part "$part" 200 python -m pytest -m "backend and not slow" -q \
-            -p no:cacheprovider tests/mpjax/formats tests/mpjax/test_loss_scaling.py \
-            tests/lbm_jax ;;
+            -p no:cacheprovider ;;
     amp)
         run_part "$part" 230 python -m experiments.amp_gpu --scale gpu \
             --out "$out/amp_gpu" ;;

@@ -14,6 +14,9 @@ import os
 # Two host devices let sharded code paths run on a CPU-only machine. Must be set
 # before JAX initialises its backends.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+# The test workers share one accelerator where there is one: none of them takes
+# most of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from pathlib import Path  # noqa: E402
 
@@ -28,7 +31,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 # GPU (README, "On a GPU").
 BACKEND_SENSITIVE = (
     "tests/mpjax/formats/",
-    "tests/mpjax/test_loss_scaling.py",
+    "tests/mpjax/test_loss_scaling",  # and test_loss_scaling_composition.py
     "tests/lbm_jax/test_storage.py",
     "tests/lbm_jax/test_step.py",
     "tests/lbm_jax/test_taylor_green.py",
@@ -38,12 +41,24 @@ BACKEND_SENSITIVE = (
 )
 
 
+# The test run is spread over worker processes (pyproject: ``-n 2 --dist
+# loadgroup``) one group at a time: a test file is a group, so its module-scoped
+# fixtures and compiled programs are built once; the pipeline tests are one group,
+# since they share the session's notebook runs (tests/experiments/conftest.py).
+SHARED_SESSION = ("tests/experiments/",)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath)).resolve()
-        if path.is_relative_to(_ROOT):
-            if path.relative_to(_ROOT).as_posix().startswith(BACKEND_SENSITIVE):
-                item.add_marker(pytest.mark.backend)
+        if not path.is_relative_to(_ROOT):
+            continue
+        name = path.relative_to(_ROOT).as_posix()
+        if name.startswith(BACKEND_SENSITIVE):
+            item.add_marker(pytest.mark.backend)
+        group = next((p for p in SHARED_SESSION if name.startswith(p)), name)
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
