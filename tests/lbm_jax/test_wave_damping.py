@@ -28,11 +28,20 @@ from lbm_jax.free_surface import curvature, damped_oscillation, lamb_mode
 SIGMA, NU = 0.02765, 1 / 54  # the case's defaults (tau = 0.5 + 3/54)
 
 
-def exact_mode(k: float, nu: float, sigma: float, depth: float, bottom: str) -> complex:
+def exact_mode(
+    k: float,
+    nu: float,
+    sigma: float,
+    depth: float,
+    bottom: str,
+    normal_stress: float = 1.0,
+) -> complex:
     """Growth rate ``s`` (amplitude ~ exp(s t)) of the linear viscous capillary wave on
     a layer of ``depth`` with a free surface above and a ``"noslip"`` or ``"freeslip"``
     bottom: the root, near Lamb's, of the 4x4 determinant of the stream function
-    ``A cosh kz + B sinh kz + C exp(mz) + D exp(-m(z + h))``, ``m^2 = k^2 + s/nu``."""
+    ``A cosh kz + B sinh kz + C exp(mz) + D exp(-m(z + h))``, ``m^2 = k^2 + s/nu``;
+    ``normal_stress`` scales the viscous normal stress in the surface's stress balance
+    (1: the physical condition)."""
 
     def det(s: complex) -> complex:
         m = cmath.sqrt(k * k + s / nu)
@@ -52,7 +61,11 @@ def exact_mode(k: float, nu: float, sigma: float, depth: float, bottom: str) -> 
         b, t = rows(-depth), rows(0.0)
         pressure = (1j / k) * (s * t[1] - nu * (t[3] - k * k * t[1]))
         height = -1j * k * t[0] / s  # surface elevation per unit stream function
-        normal = pressure - 2 * nu * (-1j * k * t[1]) - sigma * k * k * height
+        normal = (
+            pressure
+            - 2 * normal_stress * nu * (-1j * k * t[1])
+            - sigma * k * k * height
+        )
         tangential = t[2] + k * k * t[0]
         wall = b[1] if bottom == "noslip" else b[2]
         return np.linalg.det(np.array([b[0], wall, tangential, normal]))
@@ -100,6 +113,18 @@ def test_a_no_slip_bottom_adds_about_one_percent_to_lambs_damping(n, rise):
     # and Lamb's relation itself is 14 % below the weak-damping 2 nu k^2 at n = 50
     if n == 50:
         assert lamb["damping"] / (2 * NU * k * k) == pytest.approx(0.857, abs=1e-3)
+
+
+def test_a_missing_viscous_normal_stress_would_matter_less_at_higher_viscosity():
+    # half of the viscous normal stress left out of the surface's stress balance:
+    # the damping falls 21 % below Lamb's at tau = 0.556, 10 % at tau = 0.8 (the
+    # measured deficit grows instead: README)
+    k = 2 * math.pi / 50
+    for tau, drop in ((0.5 + 3 / 54, -0.207), (0.8, -0.096)):
+        nu = (tau - 0.5) / 3
+        full = exact_mode(k, nu, SIGMA, 25, "noslip")
+        half = exact_mode(k, nu, SIGMA, 25, "noslip", normal_stress=0.5)
+        assert half.real / full.real - 1 == pytest.approx(drop, abs=2e-3)
 
 
 @pytest.mark.parametrize("n, bias", [(50, 0.0048), (100, 0.0035)])
