@@ -49,7 +49,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("_native")
-_SOURCES = ("lbm_step.cc",)
+#: the library's sources (one library: the plain step and the free-surface step)
+_SOURCES = ("lbm_step.cc", "lbm_free_surface.cc")
+#: headers the sources share (hashed into the build key with them)
+_HEADERS = ("lbm_codecs.h",)
 LATTICES = ("D2Q9", "D3Q19", "D3Q27")
 #: x86 instruction sets the source needs (it guards them with ``#error``)
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -224,7 +227,7 @@ def _key(cxx: str, header: str) -> str:
     digest = hashlib.sha256()
     for part in (
         header,
-        *((SOURCE_DIR / s).read_text() for s in _SOURCES),
+        *((SOURCE_DIR / s).read_text() for s in (*_SOURCES, *_HEADERS)),
         cxx,
         version,
         " ".join((*_FLAGS, _OPENMP)),

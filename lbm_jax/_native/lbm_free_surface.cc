@@ -1,0 +1,712 @@
+// The free-surface (volume-of-fluid) step of lbm_jax, called through jax.ffi.
+//
+// One call computes one step of lbm_jax.free_surface.FreeSurface (the XLA
+// model in lbm_jax/free_surface/_xla_step.py is the reference; its docstring
+// states the physics) in passes over memory that the data dependencies force:
+//
+//   0. fill: the fill level phi = m / rho of the interface cells (rho from
+//      their stored populations) and, per row (x, y), which cells it holds;
+//   C. curvature fields: the smoothed fill and its gradient, computed only on
+//      the rows (and z ranges) within reach of an interface cell;
+//   1. stream-collide: pull streaming with bounce-back from solid cells and
+//      the gas reconstruction on interface cells (their curvature from the
+//      gradient fields), the mass exchange (compensated sum), BGK collision
+//      with gravity as a Guo force, and the conversion marks of interface
+//      cells; gas cells get the rest equilibrium;
+//   2. convert: marks applied (filling takes precedence over emptying; fluid
+//      next to an emptied cell and gas next to a filled one become interface,
+//      the latter initialised from its liquid neighbours' mean rho and u);
+//      the excess mass of filled, emptied and clamped cells;
+//   3. share: the excess divided among the new interface neighbours;
+//   4. gather: each cell adds what it received (compensated sum).
+//
+// Passes 2-4 visit only the rows holding interface cells or conversion marks.
+// Populations are in the kernel layout (X, Q, Y, Z) (2D lattices: (X, Q, Y),
+// handled as Y = 1, Z = Y); flags, mass and carry are grid-shaped and updated
+// in place; f is read and g written. Every axis is periodic (walls are solid
+// cells). The order of floating-point operations follows the XLA model where
+// it is cheap to, but neighbour sums run over directions rather than XLA's
+// separable box sums and the compiler contracts no multiply-adds here, so the
+// results agree with the XLA model to round-off, not bit for bit.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "lbm_codecs.h"
+#include "lbm_lattices.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using namespace lbm_native;  // codecs and SIMD arithmetic
+
+constexpr int kTileCells = 512;
+// lbm_jax.free_surface.Flag
+constexpr uint8_t kGas = 0, kInterface = 1, kFluid = 2, kSolid = 3;
+// the per-cell work byte: old flag, conversion marks, excess-sharing state
+constexpr uint8_t kFlag = 3, kToFluid = 4, kToGas = 8, kShares = 16, kKeeps = 32;
+// the per-row summary
+constexpr uint8_t kRowI = 1, kRowLiquid = 2, kRowToFluid = 4, kRowToGas = 8;
+// float scratch arrays (each one value per cell)
+enum { kPhi, kA, kB, kG0, kG1, kG2, kRho, kU0, kU1, kU2, kExcess, kShare, kFloats };
+
+struct Params {
+  float omega, cp, cm, fill_limit, gas_factor;  // gas_factor: 3 (D - 1) sigma
+  float g[3];
+  int passes;
+  bool gravity;
+};
+
+inline int wrap(int v, int n) { return v < 0 ? v + n : v >= n ? v - n : v; }
+
+inline void two_sum(float& mass, float& carry, float add) {
+  const float total = mass + add;
+  const float b = total - mass;
+  const float err = (mass - (total - b)) + (add - b);
+  mass = total;
+  carry = carry + err;
+}
+
+template <class L, class S>
+struct FreeSurfaceStep {
+  using T = typename S::T;
+  static constexpr int Q = L::Q;
+  static constexpr int D = L::D;
+  static constexpr int cx(int i) { return L::C[i][0]; }
+  static constexpr int cy(int i) { return D == 3 ? L::C[i][1] : 0; }
+  static constexpr int cz(int i) { return L::C[i][D - 1]; }
+
+  int nx, ny, nz, rows;
+  size_t cells, plane;  // plane: Q ny nz populations
+  Params p;
+  const T* f;
+  T* g;
+  int8_t* flags;
+  float *mass, *carry, *fs[kFloats], *grad[3];
+  uint8_t *work, *row, *row2;
+  int32_t *lo, *hi, *blo, *bhi;
+  float rest[Q];
+
+  size_t cell(int x, int y, int z) const {
+    return (static_cast<size_t>(x) * ny + y) * nz + z;
+  }
+  size_t pop(int i, int x, int y, int z) const {
+    return x * plane + (static_cast<size_t>(i) * ny + y) * nz + z;
+  }
+  // the upstream neighbour x - c_i of cell (x, y, z)
+  size_t up(int i, int x, int y, int z) const {
+    return cell(wrap(x - cx(i), nx), wrap(y - cy(i), ny), wrap(z - cz(i), nz));
+  }
+  float fill(size_t c) const {
+    const int8_t fl = flags[c];
+    return fl == kFluid ? 1.0f : fl == kInterface ? fs[kPhi][c] : 0.0f;
+  }
+
+  // The shifted equilibrium, as lbm_jax._collision.equilibrium orders it.
+  static void equilibrium(float r, const float* u, float* feq) {
+    float usq = 0.0f;
+    for (int a = 0; a < D; ++a) usq = usq + u[a] * u[a];
+    for (int i = 0; i < Q; ++i) {
+      float cu = 0.0f;
+      for (int a = 0; a < D; ++a) cu = cu + static_cast<float>(L::C[i][a]) * u[a];
+      const float poly = 3.0f * cu + 4.5f * (cu * cu) - 1.5f * usq;
+      feq[i] = L::W[i] * r * poly + L::W[i] * (r - 1.0f);
+    }
+  }
+
+  // ------------------------------------------------------------ pass 0: fill
+  void fill_pass() {
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const int x = r / ny, y = r % ny;
+      uint8_t bits = 0;
+      int first = nz, last = -1;
+      for (int z = 0; z < nz; ++z) {
+        const size_t c = cell(x, y, z);
+        const int8_t fl = flags[c];
+        if (fl == kFluid) bits |= kRowLiquid;
+        if (fl != kInterface) continue;
+        bits |= kRowI | kRowLiquid;
+        first = std::min(first, z);
+        last = z;
+        float s = 0.0f;
+        for (int i = 0; i < Q; ++i) s = s + S::load1(f + pop(i, x, y, z));
+        const float phi = mass[c] / (s + 1.0f);
+        fs[kPhi][c] = std::min(std::max(phi, 0.0f), 1.0f);
+      }
+      row[r] = bits;
+      lo[r] = first;
+      hi[r] = last + 1;
+    }
+  }
+
+  // ------------------------------------------------------------ C: curvature
+  // The rows (and z ranges) the curvature fields are computed on: within reach
+  // (the stencils' radius, margin included) of an interface cell.
+  void band() {
+    const int reach = p.passes + 3;
+    const int ry = D == 3 ? std::min(reach, (ny - 1) / 2) : 0;
+    const int rx = std::min(reach, (nx - 1) / 2);
+#pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const int x = r / ny, y = r % ny;
+      int first = nz, last = 0;
+      for (int dx = -rx; dx <= rx; ++dx)
+        for (int dy = -ry; dy <= ry; ++dy) {
+          const int s = wrap(x + dx, nx) * ny + wrap(y + dy, ny);
+          if (lo[s] < hi[s]) first = std::min(first, lo[s]), last = std::max(last, hi[s]);
+        }
+      if (first >= last) {
+        blo[r] = bhi[r] = 0;
+      } else if (first - reach < 1 || last + reach > nz - 1) {
+        blo[r] = 0, bhi[r] = nz;  // the whole (periodic) row
+      } else {
+        blo[r] = first - reach, bhi[r] = last + reach;
+      }
+    }
+  }
+
+  // out = 0.25 (in(c - e) + in(c + e)) + 0.5 in(c) (smooth), or
+  // 0.5 (in(c + e) - in(c - e)) (ddx), along axis `ax`, on the band.
+  void axis_pass(const float* in, float* out, int ax, bool smooth) {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      const int z0 = blo[r], z1 = bhi[r];
+      if (z0 >= z1) continue;
+      const int x = r / ny, y = r % ny;
+      const float* mid = in + cell(x, y, 0);
+      float* o = out + cell(x, y, 0);
+      if (ax == 2) {
+        auto at = [&](int z, float m, float pl) {
+          o[z] = smooth ? 0.25f * (m + pl) + 0.5f * mid[z] : 0.5f * (pl - m);
+        };
+        const int a = std::max(z0, 1), b = std::min(z1, nz - 1);
+        for (int z = a; z < b; ++z) at(z, mid[z - 1], mid[z + 1]);
+        if (z0 == 0) at(0, mid[nz - 1], mid[nz > 1 ? 1 : 0]);
+        if (z1 == nz && nz > 1) at(nz - 1, mid[nz - 2], mid[0]);
+        continue;
+      }
+      const float *m, *pl;
+      if (ax == 0) {
+        m = in + cell(wrap(x - 1, nx), y, 0), pl = in + cell(wrap(x + 1, nx), y, 0);
+      } else {
+        m = in + cell(x, wrap(y - 1, ny), 0), pl = in + cell(x, wrap(y + 1, ny), 0);
+      }
+      if (smooth) {
+        for (int z = z0; z < z1; ++z) o[z] = 0.25f * (m[z] + pl[z]) + 0.5f * mid[z];
+      } else {
+        for (int z = z0; z < z1; ++z) o[z] = 0.5f * (pl[z] - m[z]);
+      }
+    }
+  }
+
+  // The gradient of the smoothed fill field (lbm_jax.free_surface.curvature,
+  // "smoothed"), along the k-th of the axes into grad[k].
+  void curvature_fields(int axes[3], int n_axes) {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {  // solid cells: mean fill of their neighbours
+      const int x = r / ny, y = r % ny;
+      for (int z = blo[r]; z < bhi[r]; ++z) {
+        const size_t c = cell(x, y, z);
+        if (flags[c] != kSolid) {
+          fs[kA][c] = fill(c);
+          continue;
+        }
+        float total = 0.0f, count = 0.0f;
+        for (int k = 0; k < n_axes; ++k)
+          for (int s : {1, -1}) {
+            int q[3] = {x, y, z};
+            const int n[3] = {nx, ny, nz};
+            q[axes[k]] = wrap(q[axes[k]] - s, n[axes[k]]);
+            const size_t nb = cell(q[0], q[1], q[2]);
+            const bool open = flags[nb] != kSolid;
+            total = total + (open ? fill(nb) : 0.0f);
+            count = count + (open ? 1.0f : 0.0f);
+          }
+        fs[kA][c] = total / std::max(count, 1.0f);
+      }
+    }
+    float* a = fs[kA];
+    float* b = fs[kB];
+    for (int pass = 0; pass < p.passes; ++pass)
+      for (int k = 0; k < n_axes; ++k) {
+        axis_pass(a, b, axes[k], true);
+        std::swap(a, b);
+      }
+    float* gk[3] = {fs[kG0], fs[kG1], fs[kG2]};
+    for (int k = 0; k < n_axes; ++k) axis_pass(a, gk[k], axes[k], false);
+    float* tmp = b;  // every thread swaps its own pointers alike
+    for (int k = 0; k < n_axes; ++k)
+      for (int m = 0; m < n_axes; ++m) {
+        if (m == k) continue;
+        axis_pass(gk[k], tmp, axes[m], true);
+        std::swap(gk[k], tmp);
+      }
+#pragma omp single
+    for (int k = 0; k < 3; ++k) grad[k] = gk[k];
+  }
+
+  // The mean curvature at interface cell (x, y, z), clamped to [-1, 1].
+  float curvature(int x, int y, int z, const int axes[3], int n_axes) const {
+    auto normal = [&](size_t c, int k) {
+      float sq = 0.0f;
+      for (int m = 0; m < n_axes; ++m) sq = sq + grad[m][c] * grad[m][c];
+      return grad[k][c] / std::max(std::sqrt(sq), 1e-12f);
+    };
+    float kappa = 0.0f;
+    for (int k = 0; k < n_axes; ++k) {
+      int lo_[3] = {x, y, z}, hi_[3] = {x, y, z};
+      const int n[3] = {nx, ny, nz};
+      lo_[axes[k]] = wrap(lo_[axes[k]] - 1, n[axes[k]]);
+      hi_[axes[k]] = wrap(hi_[axes[k]] + 1, n[axes[k]]);
+      const float dn = normal(cell(hi_[0], hi_[1], hi_[2]), k) -
+                       normal(cell(lo_[0], lo_[1], lo_[2]), k);
+      kappa = kappa + 0.5f * dn;
+    }
+    kappa = kappa / static_cast<float>(D - 1);
+    return std::min(std::max(kappa, -1.0f), 1.0f);
+  }
+
+  // ------------------------------------------------------------ pass 1
+  // BGK with Guo forcing by the force density rho g, on cells z .. z + width - 1
+  // of the Q rows buf[i * n + z], in place; rho and u into rho_t and u_t.
+  template <class A, bool Force>
+  void collide(float* buf, int n, int z, float* rho_t, float* u_t) const {
+    using V = typename A::V;
+    V fi[Q];
+    V s = A::set(0.0f);
+    V j[3] = {A::set(0.0f), A::set(0.0f), A::set(0.0f)};
+    unroll<Q>([&](auto i) {
+      fi[i] = A::load(buf + i * n + z);
+      s = A::add(s, fi[i]);
+      unroll<D>([&](auto a) {
+        if constexpr (L::C[i][a] == 1) j[a] = A::add(j[a], fi[i]);
+        if constexpr (L::C[i][a] == -1) j[a] = A::sub(j[a], fi[i]);
+      });
+    });
+    const V rho = A::add(s, A::set(1.0f));
+    const V inv = A::div(A::set(1.0f), rho);
+    V u[3], force[3];
+    V usq = A::set(0.0f), uf = A::set(0.0f);
+    unroll<D>([&](auto a) {
+      force[a] = A::mul(rho, A::set(p.g[a]));
+      u[a] = Force ? A::mul(A::add(j[a], A::mul(A::set(0.5f), force[a])), inv)
+                   : A::mul(j[a], inv);
+      usq = A::add(usq, A::mul(u[a], u[a]));
+      if (Force) uf = A::add(uf, A::mul(u[a], force[a]));
+      A::store(u_t + a * n + z, u[a]);
+    });
+    A::store(rho_t + z, rho);
+    const V omega = A::set(p.omega);
+    unroll<Q>([&](auto i) {
+      V cu = A::set(0.0f), cf = A::set(0.0f);
+      unroll<D>([&](auto a) {
+        constexpr int c = L::C[i][a];
+        if constexpr (c == 1) cu = A::add(cu, u[a]), cf = A::add(cf, force[a]);
+        if constexpr (c == -1) cu = A::sub(cu, u[a]), cf = A::sub(cf, force[a]);
+      });
+      const V w = A::set(L::W[i]);
+      const V poly = A::sub(A::add(A::mul(A::set(3.0f), cu),
+                                   A::mul(A::set(4.5f), A::mul(cu, cu))),
+                            A::mul(A::set(1.5f), usq));
+      const V feq = A::add(A::mul(A::mul(w, rho), poly), A::mul(w, s));
+      V out = A::sub(fi[i], A::mul(omega, A::sub(fi[i], feq)));
+      if constexpr (Force) {
+        const V sym = A::mul(w, A::sub(A::mul(A::set(9.0f), A::mul(cu, cf)),
+                                       A::mul(A::set(3.0f), uf)));
+        const V anti = A::mul(w, A::mul(A::set(3.0f), cf));
+        out = A::add(A::add(out, A::mul(A::set(p.cp), sym)), A::mul(A::set(p.cm), anti));
+      }
+      A::store(buf + i * n + z, out);
+    });
+  }
+
+  struct Tile {
+    std::vector<float> in, own, dm, rho, u;
+    std::vector<uint8_t> fl, gas, fluid;
+    explicit Tile(int n)
+        : in(Q * n), own(Q * n), dm(n), rho(n), u(3 * n), fl(Q * n), gas(n), fluid(n) {}
+  };
+
+  // Pulls row t of direction i (src: the x-plane's first row of direction i)
+  // into dst[0 .. tz), decoding populations or copying flags.
+  template <class From, class To, class Copy>
+  void pull(const From* src_plane, size_t row_stride, int i, int x, int y, int z0,
+            int tz, To* dst, Copy copy) const {
+    (void)x;
+    const int ys = wrap(y - cy(i), ny);
+    const From* src = src_plane + ys * row_stride;
+    const int start = ((z0 - cz(i)) % nz + nz) % nz;
+    const int first = tz < nz - start ? tz : nz - start;
+    copy(src + start, dst, first);
+    copy(src, dst + first, tz - first);
+  }
+
+  // Interface cell k of the tile: exchanged mass (with the phi weights), has
+  // gas/fluid neighbours and the gas reconstruction of the pulled populations.
+  void interface_cell(Tile& t, int n, int k, int x, int y, int z, const int axes[3],
+                      int n_axes) const {
+    const size_t c = cell(x, y, z);
+    const float phi = fs[kPhi][c];
+    float dm = 0.0f, s0 = 0.0f, j0[3] = {0.0f, 0.0f, 0.0f};
+    bool gas = false, fluid = false;
+    for (int i = 0; i < Q; ++i) {
+      const float v = t.own[i * n + k];
+      s0 = s0 + v;
+      for (int a = 0; a < D; ++a) j0[a] = j0[a] + static_cast<float>(L::C[i][a]) * v;
+    }
+    for (int i = 1; i < Q; ++i) {
+      const uint8_t fu = t.fl[i * n + k];
+      const float df = t.in[i * n + k] - t.own[L::OPP[i] * n + k];
+      if (fu == kFluid) {
+        dm = dm + df;
+        fluid = true;
+      } else if (fu == kInterface) {
+        const float w = 0.5f * (phi + fs[kPhi][up(i, x, y, z)]);
+        dm = dm + w * df;
+      }
+      gas = gas || fu == kGas;
+    }
+    t.dm[k] = dm;
+    t.gas[k] = gas;
+    t.fluid[k] = fluid;
+    if (!gas) return;
+    const float rho_gas = 1.0f - p.gas_factor * curvature(x, y, z, axes, n_axes);
+    const float rho0 = s0 + 1.0f;
+    float u0[3], feq[Q];
+    for (int a = 0; a < D; ++a) u0[a] = j0[a] / rho0;
+    equilibrium(rho_gas, u0, feq);
+    for (int i = 1; i < Q; ++i)
+      if (t.fl[i * n + k] == kGas)
+        t.in[i * n + k] = feq[i] + feq[L::OPP[i]] - t.own[L::OPP[i] * n + k];
+  }
+
+  void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const int axes[3],
+            int n_axes) {
+    const int n = ty * tz;
+    bool liquid = false;
+    for (int r = 0; r < ty; ++r) liquid = liquid || (row[x * ny + y0 + r] & kRowLiquid);
+    auto own_flag = [&](int k) { return flags[cell(x, y0 + k / tz, z0 + k % tz)]; };
+    if (liquid) {
+      for (int i = 0; i < Q; ++i) {
+        const int xs = wrap(x - cx(i), nx);
+        for (int r = 0; r < ty; ++r) {
+          const int y = y0 + r;
+          float* in = t.in.data() + i * n + r * tz;
+          pull(f + xs * plane + i * static_cast<size_t>(ny) * nz, nz, i, x, y, z0, tz,
+               in, [](const T* s, float* d, int m) { decode<S>(s, d, m); });
+          pull(flags + cell(xs, 0, 0), nz, i, x, y, z0, tz, t.fl.data() + i * n + r * tz,
+               [](const int8_t* s, uint8_t* d, int m) { std::memcpy(d, s, m); });
+          decode<S>(f + pop(i, x, y, z0), t.own.data() + i * n + r * tz, tz);
+        }
+      }
+      // fluid cells (no gas neighbours): weight 1 towards liquid, bounce-back
+      std::fill(t.dm.begin(), t.dm.begin() + n, 0.0f);
+      for (int i = 1; i < Q; ++i) {
+        float* in = t.in.data() + i * n;
+        const float* opp = t.own.data() + L::OPP[i] * n;
+        const uint8_t* fu = t.fl.data() + i * n;
+        float* dm = t.dm.data();
+        for (int k = 0; k < n; ++k) {
+          const float w = (fu[k] == kFluid || fu[k] == kInterface) ? 1.0f : 0.0f;
+          dm[k] = dm[k] + w * (in[k] - opp[k]);
+          in[k] = fu[k] == kSolid ? opp[k] : in[k];
+        }
+      }
+      for (int k = 0; k < n; ++k) {
+        const int8_t fl = own_flag(k);
+        if (fl == kInterface)
+          interface_cell(t, n, k, x, y0 + k / tz, z0 + k % tz, axes, n_axes);
+        if (fl == kInterface || fl == kFluid) {
+          const size_t c = cell(x, y0 + k / tz, z0 + k % tz);
+          two_sum(mass[c], carry[c], t.dm[k]);
+        }
+      }
+      int k = 0;
+      if (p.gravity) {
+        for (; k + 8 <= n; k += 8) collide<Avx, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
+        for (; k < n; ++k) collide<Scalar, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
+      } else {
+        for (; k + 8 <= n; k += 8) collide<Avx, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
+        for (; k < n; ++k) collide<Scalar, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      const int y = y0 + k / tz, z = z0 + k % tz;
+      const size_t c = cell(x, y, z);
+      const uint8_t fl = static_cast<uint8_t>(own_flag(k));
+      uint8_t w = fl;
+      if (fl == kInterface) {  // the conversion marks
+        const float rho = t.rho[k], m = mass[c];
+        fs[kRho][c] = rho;
+        for (int a = 0; a < D; ++a) fs[kU0 + a][c] = t.u[a * n + k];
+        const bool to_fluid = m > p.fill_limit * rho || !t.gas[k];
+        const bool to_gas = !to_fluid && (m < 0.0f || !t.fluid[k]);
+        w |= (to_fluid ? kToFluid : 0) | (to_gas ? kToGas : 0);
+        if (w & (kToFluid | kToGas))
+          __atomic_fetch_or(row + x * ny + y, to_fluid ? kRowToFluid : kRowToGas,
+                            __ATOMIC_RELAXED);
+      }
+      work[c] = w;
+      if (fl != kInterface && fl != kFluid)
+        for (int i = 0; i < Q; ++i) t.in[i * n + k] = rest[i];
+    }
+    for (int i = 0; i < Q; ++i)
+      for (int r = 0; r < ty; ++r)
+        encode<S>(t.in.data() + i * n + r * tz, g + pop(i, x, y0 + r, z0), tz);
+  }
+
+  // ------------------------------------------------------------ passes 2-4
+  bool near_mark(int x, int y, int z, uint8_t mark) const {
+    for (int i = 1; i < Q; ++i)
+      if (work[up(i, x, y, z)] & mark) return true;
+    return false;
+  }
+  bool empties(int x, int y, int z) const {  // the final to-gas mark
+    return (work[cell(x, y, z)] & kToGas) && !near_mark(x, y, z, kToFluid);
+  }
+  bool near_rows(int x, int y, uint8_t bits) const {
+    for (int dx = -1; dx <= 1; ++dx)
+      for (int dy = (D == 3 ? -1 : 0); dy <= (D == 3 ? 1 : 0); ++dy)
+        if (row[wrap(x + dx, nx) * ny + wrap(y + dy, ny)] & bits) return true;
+    return false;
+  }
+  void store_cell(int x, int y, int z, const float* values) {
+    for (int i = 0; i < Q; ++i) S::store1(g + pop(i, x, y, z), values[i]);
+  }
+
+  void convert_cell(int x, int y, int z) {
+    const size_t c = cell(x, y, z);
+    const uint8_t old = work[c] & kFlag;
+    if (old == kInterface) {
+      const bool to_fluid = work[c] & kToFluid;
+      const bool to_gas = !to_fluid && empties(x, y, z);
+      const float rho = fs[kRho][c];
+      float m = mass[c], excess = to_fluid ? m - rho : to_gas ? m : 0.0f;
+      if (to_fluid || to_gas) {
+        excess = excess + carry[c];
+        carry[c] = 0.0f;
+        m = to_fluid ? rho : 0.0f;
+        flags[c] = to_fluid ? kFluid : kGas;
+        if (to_gas) store_cell(x, y, z, rest);
+      } else {  // stays an interface cell: clamp into [0, rho]
+        const float clamp = std::max(m - rho, 0.0f) + std::min(m, 0.0f);
+        excess = excess + clamp;
+        m = m - clamp;
+      }
+      mass[c] = m;
+      fs[kExcess][c] = excess;
+    } else if (old == kGas && near_mark(x, y, z, kToFluid)) {
+      float count = 0.0f, rho = 0.0f, u[3] = {0.0f, 0.0f, 0.0f}, feq[Q];
+      for (int i = 1; i < Q; ++i) {
+        const int xs = wrap(x - cx(i), nx), ys = wrap(y - cy(i), ny);
+        const int zs = wrap(z - cz(i), nz);
+        const size_t nb = cell(xs, ys, zs);
+        const uint8_t fl = work[nb] & kFlag;
+        if ((fl != kInterface && fl != kFluid) || empties(xs, ys, zs)) continue;
+        count = count + 1.0f;
+        rho = rho + fs[kRho][nb];
+        for (int a = 0; a < D; ++a) u[a] = u[a] + fs[kU0 + a][nb];
+      }
+      const float inv = 1.0f / std::max(count, 1.0f);
+      for (int a = 0; a < D; ++a) u[a] = u[a] * inv;
+      equilibrium(count > 0.0f ? rho * inv : 1.0f, u, feq);
+      store_cell(x, y, z, feq);
+      flags[c] = kInterface;
+    } else if (old == kFluid) {
+      for (int i = 1; i < Q; ++i) {
+        const int xs = wrap(x - cx(i), nx), ys = wrap(y - cy(i), ny);
+        if (empties(xs, ys, wrap(z - cz(i), nz))) {
+          flags[c] = kInterface;
+          break;
+        }
+      }
+    }
+  }
+
+  void convert_pass() {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      const int x = r / ny, y = r % ny;
+      const bool gas_may = near_rows(x, y, kRowToFluid);
+      const bool fluid_may = near_rows(x, y, kRowToGas);
+      row2[r] = 0;
+      if (!(row[r] & kRowI) && !gas_may && !fluid_may) continue;
+      for (int z = 0; z < nz; ++z) {
+        const uint8_t old = work[cell(x, y, z)] & kFlag;
+        if (old == kInterface || (old == kGas && gas_may) || (old == kFluid && fluid_may))
+          convert_cell(x, y, z);
+      }
+      for (int z = 0; z < nz; ++z)
+        if (flags[cell(x, y, z)] == kInterface) row2[r] = 1;
+      if (row[r] & kRowI) row2[r] = 1;
+    }
+  }
+
+  void share_pass() {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      if (!(row[r] & kRowI)) continue;
+      const int x = r / ny, y = r % ny;
+      for (int z = 0; z < nz; ++z) {
+        const size_t c = cell(x, y, z);
+        if ((work[c] & kFlag) != kInterface) continue;
+        float targets = 0.0f;
+        for (int i = 1; i < Q; ++i)
+          targets = targets + (flags[up(i, x, y, z)] == kInterface ? 1.0f : 0.0f);
+        fs[kShare][c] = targets > 0.0f ? fs[kExcess][c] / std::max(targets, 1.0f) : 0.0f;
+        work[c] |= targets > 0.0f ? kShares : kKeeps;
+      }
+    }
+  }
+
+  void gather_pass() {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      if (!row2[r]) continue;
+      const int x = r / ny, y = r % ny;
+      for (int z = 0; z < nz; ++z) {
+        const size_t c = cell(x, y, z);
+        const bool target = flags[c] == kInterface, keeps = work[c] & kKeeps;
+        if (!target && !keeps) continue;
+        float received = 0.0f;
+        if (target)
+          for (int i = 1; i < Q; ++i) {
+            const size_t nb = up(i, x, y, z);
+            if (work[nb] & kShares) received = received + fs[kShare][nb];
+          }
+        const float gained = (keeps ? fs[kExcess][c] : 0.0f) + (target ? received : 0.0f);
+        two_sum(mass[c], carry[c], gained);
+      }
+    }
+  }
+
+  void run(int threads) {
+    const float zero[3] = {0.0f, 0.0f, 0.0f};
+    equilibrium(1.0f, zero, rest);
+    int axes[3] = {0, 1, 2}, n_axes = 3;
+    if (D == 2) axes[1] = 2, n_axes = 2;
+    const int ty = nz >= kTileCells ? 1 : (ny < kTileCells / nz ? ny : kTileCells / nz);
+    const int tz = nz > kTileCells ? kTileCells : nz;
+    const int tiles_y = (ny + ty - 1) / ty, tiles_z = (nz + tz - 1) / tz;
+    const int tiles = nx * tiles_y * tiles_z;
+#pragma omp parallel num_threads(threads > 0 ? threads : 1)
+    {
+      fill_pass();
+      band();
+      curvature_fields(axes, n_axes);
+      Tile t(ty * tz);
+#pragma omp for schedule(static)
+      for (int k = 0; k < tiles; ++k) {
+        const int y0 = (k / tiles_z % tiles_y) * ty, z0 = (k % tiles_z) * tz;
+        tile(t, k / (tiles_y * tiles_z), y0, std::min(ty, ny - y0), z0,
+             std::min(tz, nz - z0), axes, n_axes);
+      }
+      convert_pass();
+      share_pass();
+      gather_pass();
+    }
+  }
+
+  static ffi::Error call(ffi::AnyBuffer f_in, ffi::AnyBuffer flags_in,
+                         ffi::AnyBuffer mass_in, ffi::AnyBuffer carry_in,
+                         ffi::Result<ffi::AnyBuffer> g_out,
+                         ffi::Result<ffi::AnyBuffer> flags_out,
+                         ffi::Result<ffi::AnyBuffer> mass_out,
+                         ffi::Result<ffi::AnyBuffer> carry_out,
+                         ffi::Result<ffi::AnyBuffer> floats,
+                         ffi::Result<ffi::AnyBuffer> bytes,
+                         ffi::Result<ffi::AnyBuffer> ints, float omega, float cp,
+                         float cm, float fill_limit, float gas_factor,
+                         ffi::Span<const float> gravity, int64_t passes,
+                         int64_t threads) {
+    (void)flags_in, (void)mass_in, (void)carry_in;  // aliased with the results
+    auto dims = f_in.dimensions();
+    if (f_in.element_type() != S::kType || g_out->element_type() != S::kType ||
+        dims.size() != static_cast<size_t>(D) + 1 || dims[1] != Q)
+      return ffi::Error::InvalidArgument(
+          "lbm_free_surface: populations have the wrong dtype or shape");
+    FreeSurfaceStep s;
+    s.nx = static_cast<int>(dims[0]);
+    s.ny = D == 3 ? static_cast<int>(dims[2]) : 1;
+    s.nz = static_cast<int>(dims[D]);
+    s.rows = s.nx * s.ny;
+    s.cells = static_cast<size_t>(s.rows) * s.nz;
+    s.plane = static_cast<size_t>(Q) * s.ny * s.nz;
+    if (flags_out->element_type() != ffi::DataType::S8 ||
+        mass_out->element_type() != ffi::DataType::F32 ||
+        carry_out->element_type() != ffi::DataType::F32 ||
+        flags_out->element_count() != s.cells || mass_out->element_count() != s.cells ||
+        carry_out->element_count() != s.cells ||
+        floats->element_count() != kFloats * s.cells ||
+        bytes->element_count() != s.cells + 2 * static_cast<size_t>(s.rows) ||
+        ints->element_count() != 4 * static_cast<size_t>(s.rows) ||
+        gravity.size() != static_cast<size_t>(D) || passes < 0)
+      return ffi::Error::InvalidArgument(
+          "lbm_free_surface: flags (int8), mass, carry (float32) or scratch arrays "
+          "have the wrong dtype or size");
+    s.p = Params{omega, cp, cm, fill_limit, gas_factor, {0.0f, 0.0f, 0.0f},
+                 static_cast<int>(passes), false};
+    for (int a = 0; a < D; ++a) {
+      s.p.g[a] = gravity.begin()[a];
+      s.p.gravity = s.p.gravity || s.p.g[a] != 0.0f;
+    }
+    s.f = static_cast<const T*>(f_in.untyped_data());
+    s.g = static_cast<T*>(g_out->untyped_data());
+    s.flags = static_cast<int8_t*>(flags_out->untyped_data());
+    s.mass = static_cast<float*>(mass_out->untyped_data());
+    s.carry = static_cast<float*>(carry_out->untyped_data());
+    float* fp = static_cast<float*>(floats->untyped_data());
+    for (int k = 0; k < kFloats; ++k) s.fs[k] = fp + k * s.cells;
+    s.work = static_cast<uint8_t*>(bytes->untyped_data());
+    s.row = s.work + s.cells;
+    s.row2 = s.row + s.rows;
+    int32_t* ip = static_cast<int32_t*>(ints->untyped_data());
+    s.lo = ip, s.hi = ip + s.rows, s.blo = ip + 2 * s.rows, s.bhi = ip + 3 * s.rows;
+    s.run(static_cast<int>(threads));
+    return ffi::Error::Success();
+  }
+};
+
+}  // namespace
+
+#define LBM_FS_DEFINE(LAT, STORE, NAME)                                      \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, (FreeSurfaceStep<LAT, STORE>::call),   \
+                                ffi::Ffi::Bind()                             \
+                                    .Arg<ffi::AnyBuffer>()                   \
+                                    .Arg<ffi::AnyBuffer>()                   \
+                                    .Arg<ffi::AnyBuffer>()                   \
+                                    .Arg<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
+                                    .Attr<float>("omega")                    \
+                                    .Attr<float>("cp")                       \
+                                    .Attr<float>("cm")                       \
+                                    .Attr<float>("fill_limit")               \
+                                    .Attr<float>("gas_factor")               \
+                                    .Attr<ffi::Span<const float>>("gravity") \
+                                    .Attr<int64_t>("passes")                 \
+                                    .Attr<int64_t>("threads"));
+
+LBM_FS_DEFINE(D2Q9, Fp32, lbm_free_surface_D2Q9_fp32)
+LBM_FS_DEFINE(D2Q9, Fp16s, lbm_free_surface_D2Q9_fp16s)
+LBM_FS_DEFINE(D2Q9, Bf16, lbm_free_surface_D2Q9_bf16)
+LBM_FS_DEFINE(D2Q9, Fp16c, lbm_free_surface_D2Q9_fp16c)
+LBM_FS_DEFINE(D3Q19, Fp32, lbm_free_surface_D3Q19_fp32)
+LBM_FS_DEFINE(D3Q19, Fp16s, lbm_free_surface_D3Q19_fp16s)
+LBM_FS_DEFINE(D3Q19, Bf16, lbm_free_surface_D3Q19_bf16)
+LBM_FS_DEFINE(D3Q19, Fp16c, lbm_free_surface_D3Q19_fp16c)
+LBM_FS_DEFINE(D3Q27, Fp32, lbm_free_surface_D3Q27_fp32)
+LBM_FS_DEFINE(D3Q27, Fp16s, lbm_free_surface_D3Q27_fp16s)
+LBM_FS_DEFINE(D3Q27, Bf16, lbm_free_surface_D3Q27_bf16)
+LBM_FS_DEFINE(D3Q27, Fp16c, lbm_free_surface_D3Q27_fp16c)
