@@ -328,9 +328,10 @@ struct FreeSurfaceStep {
 
   struct Tile {
     std::vector<float> in, own, dm, rho, u;
-    std::vector<uint8_t> fl, gas, fluid;
+    std::vector<uint8_t> fl, gas, fluid, kind;
     explicit Tile(int n)
-        : in(Q * n), own(Q * n), dm(n), rho(n), u(3 * n), fl(Q * n), gas(n), fluid(n) {}
+        : in(Q * n), own(Q * n), dm(n), rho(n), u(3 * n), fl(Q * n), gas(n),
+          fluid(n), kind(n) {}
   };
 
   // Pulls row t of direction i (src: the x-plane's first row of direction i)
@@ -386,12 +387,48 @@ struct FreeSurfaceStep {
         t.in[i * n + k] = feq[i] + feq[L::OPP[i]] - t.own[L::OPP[i] * n + k];
   }
 
+  // The liquid lanes of cells k .. k + 7 (their own flags in kind[k ..]): an
+  // all-ones mask where the flag is `v` or `w`.
+  static __m256 is8(const uint8_t* kind, uint8_t v, uint8_t w) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(kind));
+    const __m128i m = _mm_or_si128(_mm_cmpeq_epi8(b, _mm_set1_epi8(v)),
+                                   _mm_cmpeq_epi8(b, _mm_set1_epi8(w)));
+    return _mm256_castsi256_ps(_mm256_cvtepi8_epi32(m));
+  }
+
+  // Direction i of the cells k .. (8 or 1 of them): bounce-back from solid
+  // neighbours and the exchanged mass of fluid cells (weight 1 towards liquid).
+  void links(Tile& t, int n) const {
+    for (int i = 1; i < Q; ++i) {
+      float* in = t.in.data() + i * n;
+      const float* opp = t.own.data() + L::OPP[i] * n;
+      const uint8_t* fu = t.fl.data() + i * n;
+      float* dm = t.dm.data();
+      int k = 0;
+      for (; k + 8 <= n; k += 8) {
+        const __m256 a = _mm256_loadu_ps(in + k), b = _mm256_loadu_ps(opp + k);
+        const __m256 w = is8(fu + k, kFluid, kInterface);
+        const __m256 d = _mm256_and_ps(w, _mm256_sub_ps(a, b));
+        _mm256_storeu_ps(dm + k, _mm256_add_ps(_mm256_loadu_ps(dm + k), d));
+        _mm256_storeu_ps(in + k, _mm256_blendv_ps(a, b, is8(fu + k, kSolid, kSolid)));
+      }
+      for (; k < n; ++k) {
+        const bool w = fu[k] == kFluid || fu[k] == kInterface;
+        dm[k] = dm[k] + (w ? in[k] - opp[k] : 0.0f);
+        in[k] = fu[k] == kSolid ? opp[k] : in[k];
+      }
+    }
+  }
+
   void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const int axes[3],
             int n_axes) {
     const int n = ty * tz;
+    uint8_t* kind = t.kind.data();
     bool liquid = false;
-    for (int r = 0; r < ty; ++r) liquid = liquid || (row[x * ny + y0 + r] & kRowLiquid);
-    auto own_flag = [&](int k) { return flags[cell(x, y0 + k / tz, z0 + k % tz)]; };
+    for (int r = 0; r < ty; ++r) {
+      liquid = liquid || (row[x * ny + y0 + r] & kRowLiquid);
+      std::memcpy(kind + r * tz, flags + cell(x, y0 + r, z0), tz);
+    }
     if (liquid) {
       for (int i = 0; i < Q; ++i) {
         const int xs = wrap(x - cx(i), nx);
@@ -405,28 +442,18 @@ struct FreeSurfaceStep {
           decode<S>(f + pop(i, x, y, z0), t.own.data() + i * n + r * tz, tz);
         }
       }
-      // fluid cells (no gas neighbours): weight 1 towards liquid, bounce-back
       std::fill(t.dm.begin(), t.dm.begin() + n, 0.0f);
-      for (int i = 1; i < Q; ++i) {
-        float* in = t.in.data() + i * n;
-        const float* opp = t.own.data() + L::OPP[i] * n;
-        const uint8_t* fu = t.fl.data() + i * n;
-        float* dm = t.dm.data();
-        for (int k = 0; k < n; ++k) {
-          const float w = (fu[k] == kFluid || fu[k] == kInterface) ? 1.0f : 0.0f;
-          dm[k] = dm[k] + w * (in[k] - opp[k]);
-          in[k] = fu[k] == kSolid ? opp[k] : in[k];
+      links(t, n);
+      for (int r = 0; r < ty; ++r)
+        for (int z = 0; z < tz; ++z) {
+          const int k = r * tz + z;
+          if (kind[k] == kInterface)
+            interface_cell(t, n, k, x, y0 + r, z0 + z, axes, n_axes);
+          if (kind[k] == kInterface || kind[k] == kFluid) {
+            const size_t c = cell(x, y0 + r, z0 + z);
+            two_sum(mass[c], carry[c], t.dm[k]);
+          }
         }
-      }
-      for (int k = 0; k < n; ++k) {
-        const int8_t fl = own_flag(k);
-        if (fl == kInterface)
-          interface_cell(t, n, k, x, y0 + k / tz, z0 + k % tz, axes, n_axes);
-        if (fl == kInterface || fl == kFluid) {
-          const size_t c = cell(x, y0 + k / tz, z0 + k % tz);
-          two_sum(mass[c], carry[c], t.dm[k]);
-        }
-      }
       int k = 0;
       if (p.gravity) {
         for (; k + 8 <= n; k += 8) collide<Avx, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
@@ -436,29 +463,42 @@ struct FreeSurfaceStep {
         for (; k < n; ++k) collide<Scalar, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
       }
     }
-    for (int k = 0; k < n; ++k) {
-      const int y = y0 + k / tz, z = z0 + k % tz;
-      const size_t c = cell(x, y, z);
-      const uint8_t fl = static_cast<uint8_t>(own_flag(k));
-      uint8_t w = fl;
-      if (fl == kInterface) {  // the conversion marks
+    for (int r = 0; r < ty; ++r) {  // the work bytes: old flags and the marks
+      const int y = y0 + r;
+      uint8_t* w = work + cell(x, y, z0);
+      std::memcpy(w, kind + r * tz, tz);
+      if (!(row[x * ny + y] & kRowI)) continue;
+      for (int z = 0; z < tz; ++z) {
+        const int k = r * tz + z;
+        if (kind[k] != kInterface) continue;
+        const size_t c = cell(x, y, z0 + z);
         const float rho = t.rho[k], m = mass[c];
         fs[kRho][c] = rho;
         for (int a = 0; a < D; ++a) fs[kU0 + a][c] = t.u[a * n + k];
         const bool to_fluid = m > p.fill_limit * rho || !t.gas[k];
         const bool to_gas = !to_fluid && (m < 0.0f || !t.fluid[k]);
-        w |= (to_fluid ? kToFluid : 0) | (to_gas ? kToGas : 0);
-        if (w & (kToFluid | kToGas))
+        w[z] |= (to_fluid ? kToFluid : 0) | (to_gas ? kToGas : 0);
+        if (to_fluid || to_gas)
           __atomic_fetch_or(row + x * ny + y, to_fluid ? kRowToFluid : kRowToGas,
                             __ATOMIC_RELAXED);
       }
-      work[c] = w;
-      if (fl != kInterface && fl != kFluid)
-        for (int i = 0; i < Q; ++i) t.in[i * n + k] = rest[i];
     }
-    for (int i = 0; i < Q; ++i)
+    for (int i = 0; i < Q; ++i) {  // rest populations outside the liquid
+      float* in = t.in.data() + i * n;
+      const __m256 rest8 = _mm256_set1_ps(rest[i]);
+      int k = 0;
+      if (!liquid) {
+        std::fill(in, in + n, rest[i]);
+        k = n;
+      }
+      for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(in + k, _mm256_blendv_ps(rest8, _mm256_loadu_ps(in + k),
+                                                  is8(kind + k, kFluid, kInterface)));
+      for (; k < n; ++k)
+        if (kind[k] != kFluid && kind[k] != kInterface) in[k] = rest[i];
       for (int r = 0; r < ty; ++r)
-        encode<S>(t.in.data() + i * n + r * tz, g + pop(i, x, y0 + r, z0), tz);
+        encode<S>(in + r * tz, g + pop(i, x, y0 + r, z0), tz);
+    }
   }
 
   // ------------------------------------------------------------ passes 2-4
@@ -537,12 +577,13 @@ struct FreeSurfaceStep {
       const bool fluid_may = near_rows(x, y, kRowToGas);
       row2[r] = 0;
       if (!(row[r] & kRowI) && !gas_may && !fluid_may) continue;
-      for (int z = 0; z < nz; ++z) {
+      // conversions happen next to interface cells: within the band
+      for (int z = blo[r]; z < bhi[r]; ++z) {
         const uint8_t old = work[cell(x, y, z)] & kFlag;
         if (old == kInterface || (old == kGas && gas_may) || (old == kFluid && fluid_may))
           convert_cell(x, y, z);
       }
-      for (int z = 0; z < nz; ++z)
+      for (int z = blo[r]; z < bhi[r]; ++z)
         if (flags[cell(x, y, z)] == kInterface) row2[r] = 1;
       if (row[r] & kRowI) row2[r] = 1;
     }
@@ -553,7 +594,7 @@ struct FreeSurfaceStep {
     for (int r = 0; r < rows; ++r) {
       if (!(row[r] & kRowI)) continue;
       const int x = r / ny, y = r % ny;
-      for (int z = 0; z < nz; ++z) {
+      for (int z = lo[r]; z < hi[r]; ++z) {
         const size_t c = cell(x, y, z);
         if ((work[c] & kFlag) != kInterface) continue;
         float targets = 0.0f;
@@ -570,7 +611,7 @@ struct FreeSurfaceStep {
     for (int r = 0; r < rows; ++r) {
       if (!row2[r]) continue;
       const int x = r / ny, y = r % ny;
-      for (int z = 0; z < nz; ++z) {
+      for (int z = blo[r]; z < bhi[r]; ++z) {
         const size_t c = cell(x, y, z);
         const bool target = flags[c] == kInterface, keeps = work[c] & kKeeps;
         if (!target && !keeps) continue;
