@@ -1,15 +1,21 @@
-"""A fused native CPU step (stream, collide, encode in one pass) through ``jax.ffi``.
+"""Native CPU steps through ``jax.ffi``: the fused plain step (stream, collide,
+encode in one pass) and the free-surface step.
 
 The XLA path of :mod:`lbm_jax._kernel` is the reference and the fallback. This
-module builds a small C++ library (``lbm_jax/_native/lbm_step.cc``) that computes
-the same step bit for bit, in one pass over memory, and calls it from compiled JAX
-code as an XLA FFI custom call. It covers the configurations for which bit
-identity with the XLA path is established and tested (:func:`supported`); every
-other configuration keeps the XLA path.
+module builds a small C++ library from two sources, ``lbm_jax/_native/lbm_step.cc``
+(the plain step: the same step as the XLA path bit for bit, in one pass over
+memory) and ``lbm_jax/_native/lbm_free_surface.cc`` (the step of
+:class:`lbm_jax.free_surface.FreeSurface`, equal to its XLA step to round-off; see
+:func:`make_native_free_surface_step`), sharing the codecs of
+``lbm_jax/_native/lbm_codecs.h``, and calls them from compiled JAX code as XLA FFI
+custom calls. The plain step covers the configurations for which bit identity
+with the XLA path is established and tested (:func:`supported`), the
+free-surface step those of :func:`covered_free_surface`; every other
+configuration keeps the XLA path.
 
-Bit identity holds because the C++ source performs the XLA path's operations in
-XLA's order and spells out a fused multiply-add exactly where XLA:CPU's LLVM
-backend contracts one (it contracts ``a * b + c`` on its own; see
+The plain step is bit-identical because ``lbm_step.cc`` performs the XLA path's
+operations in XLA's order and spells out a fused multiply-add exactly where
+XLA:CPU's LLVM backend contracts one (it contracts ``a * b + c`` on its own; see
 ``collide_cells`` in the source). Those choices depend on how XLA emits the loops:
 they are the same for every grid with at least :data:`MIN_PLANE_CELLS` cells per
 x-plane, and the tests compare both paths bit for bit, so a JAX upgrade that
