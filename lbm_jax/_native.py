@@ -1,15 +1,21 @@
-"""A fused native CPU step (stream, collide, encode in one pass) through ``jax.ffi``.
+"""Native CPU steps through ``jax.ffi``: the fused plain step (stream, collide,
+encode in one pass) and the free-surface step.
 
 The XLA path of :mod:`lbm_jax._kernel` is the reference and the fallback. This
-module builds a small C++ library (``lbm_jax/_native/lbm_step.cc``) that computes
-the same step bit for bit, in one pass over memory, and calls it from compiled JAX
-code as an XLA FFI custom call. It covers the configurations for which bit
-identity with the XLA path is established and tested (:func:`supported`); every
-other configuration keeps the XLA path.
+module builds a small C++ library from two sources, ``lbm_jax/_native/lbm_step.cc``
+(the plain step: the same step as the XLA path bit for bit, in one pass over
+memory) and ``lbm_jax/_native/lbm_free_surface.cc`` (the step of
+:class:`lbm_jax.free_surface.FreeSurface`, equal to its XLA step to round-off; see
+:func:`make_native_free_surface_step`), sharing the codecs of
+``lbm_jax/_native/lbm_codecs.h``, and calls them from compiled JAX code as XLA FFI
+custom calls. The plain step covers the configurations for which bit identity
+with the XLA path is established and tested (:func:`supported`), the
+free-surface step those of :func:`covered_free_surface`; every other
+configuration keeps the XLA path.
 
-Bit identity holds because the C++ source performs the XLA path's operations in
-XLA's order and spells out a fused multiply-add exactly where XLA:CPU's LLVM
-backend contracts one (it contracts ``a * b + c`` on its own; see
+The plain step is bit-identical because ``lbm_step.cc`` performs the XLA path's
+operations in XLA's order and spells out a fused multiply-add exactly where
+XLA:CPU's LLVM backend contracts one (it contracts ``a * b + c`` on its own; see
 ``collide_cells`` in the source). Those choices depend on how XLA emits the loops:
 they are the same for every grid with at least :data:`MIN_PLANE_CELLS` cells per
 x-plane, and the tests compare both paths bit for bit, so a JAX upgrade that
@@ -57,10 +63,14 @@ __all__ = [
     "MIN_PLANE_CELLS",
     "NativeStepWarning",
     "available",
+    "covered_free_surface",
+    "default_threads",
     "library_path",
+    "make_native_free_surface_step",
     "make_native_step_into",
     "parse_kernel",
     "select",
+    "select_free_surface",
     "supported",
     "unavailable_reason",
 ]
@@ -81,10 +91,10 @@ def _register(path: Path) -> str | None:
         lib = ctypes.CDLL(str(path))
         for lat in LATTICES:
             for suffix in _STORAGES.values():
-                name = _target(lat, suffix)
-                jax.ffi.register_ffi_target(
-                    name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
-                )
+                for name in (_target(lat, suffix), _fs_target(lat, suffix)):
+                    jax.ffi.register_ffi_target(
+                        name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
+                    )
     except (OSError, AttributeError, ValueError, RuntimeError) as err:
         return f"loading {path} failed ({err}); delete {path.parent} to rebuild it"
     return None
@@ -92,6 +102,17 @@ def _register(path: Path) -> str | None:
 
 def _target(lattice: str, storage: str) -> str:
     return f"lbm_step_{lattice}_{storage}"
+
+
+def _fs_target(lattice: str, storage: str) -> str:
+    """The free-surface step's FFI target (``_native/lbm_free_surface.cc``)."""
+    return f"lbm_free_surface_{lattice}_{storage}"
+
+
+def default_threads() -> int:
+    """Threads of one native call: every core the process may use."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    return cores or os.cpu_count() or 1
 
 
 def available() -> bool:
@@ -313,8 +334,7 @@ def make_native_step_into(
     dtype = storage.storage_dtype
     omega = np.float32(model.omega_plus)  # as the XLA path rounds it
     target = _target(lattice.name, _STORAGES[storage.short_name])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-    cores = cores or os.cpu_count() or 1
+    cores = default_threads()
 
     def step_into(
         aux: Any,
@@ -370,3 +390,153 @@ def _empty(dtype: Any, like: jax.Array) -> jax.Array:
     empty = jnp.zeros((0,), dtype)
     vma = tuple(getattr(jax.typeof(like), "vma", ()))
     return jax.lax.pcast(empty, vma, to="varying") if vma else empty
+
+
+# -- the free-surface step (lbm_jax.free_surface) -------------------------------------
+
+#: Float32 scratch arrays of one free-surface call, one value per cell each
+#: (``kFloats`` in ``_native/lbm_free_surface.cc``).
+FREE_SURFACE_SCRATCH = 12
+
+
+def covered_free_surface(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    devices: int,
+) -> str | None:
+    """Why the native free-surface step does not cover a configuration, or
+    ``None`` when it does (the library aside: see :func:`select_free_surface`).
+
+    Covered: D2Q9, D3Q19 and D3Q27 BGK without a subgrid model, FP32/FP32,
+    FP32/FP16S, FP32/FP16C and FP32/bfloat16 storage with DDF-shifting, a grid
+    on one device with at least 3 cells along every axis, on a CPU.
+    """
+    checks = (
+        (
+            lattice.name in LATTICES and lattice == get_lattice(lattice.name),
+            "D2Q9, D3Q19 or D3Q27",
+        ),
+        (
+            model.kind is Collision.BGK and model.smagorinsky == 0,
+            "BGK collision without a Smagorinsky model",
+        ),
+        (
+            storage.short_name in _STORAGES and storage.shift,
+            "FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage, DDF-shifted",
+        ),
+        (devices == 1, "a grid on one device"),
+        (len(shape) == lattice.d and min(shape) >= 3, "at least 3 cells per axis"),
+        (jax.default_backend() == "cpu", "a CPU backend"),
+    )
+    missing = [need for ok, need in checks if not ok]
+    if not missing:
+        return None
+    return "the native free-surface step needs " + ", ".join(missing)
+
+
+def select_free_surface(
+    kernel: str,
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    devices: int,
+) -> bool:
+    """Whether a free-surface model runs the native step (``True``) or XLA's.
+
+    ``kernel`` is ``"auto"`` (native where :func:`covered_free_surface` and the
+    library is available; an unavailable library warns once,
+    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``.
+
+    Raises:
+        ValueError: An unknown ``kernel`` (``"gpu"`` included), or ``"native"``
+            for a configuration the native step does not cover (saying why).
+        TypeError: A ``kernel`` that is not a string.
+    """
+    choice = parse_kernel(kernel)
+    if choice == "gpu":
+        raise ValueError(
+            "a free-surface model takes kernel 'auto', 'native' or 'xla', got "
+            f"{kernel!r}."
+        )
+    if choice == "xla":
+        return False
+    why = covered_free_surface(lattice, storage, model, shape, devices)
+    unavailable = unavailable_reason() if why is None else None
+    if choice == "auto" and unavailable is not None:
+        warn_fallback(unavailable)
+    if choice == "native" and (why or unavailable):
+        raise ValueError(
+            f"kernel='native' is not available for this free-surface model: "
+            f"{why or unavailable}; use kernel='auto' to fall back to the XLA step."
+        )
+    return why is None and unavailable is None
+
+
+def make_native_free_surface_step(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    *,
+    sigma: float,
+    gravity: tuple[float, ...],
+    smoothing: int,
+    fill_limit: float,
+    threads: int | None = None,
+) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
+    """Build ``step(f, flags, mass, carry) -> (g, flags, mass, carry)``: one
+    free-surface step (``_native/lbm_free_surface.cc``) on populations in the
+    kernel layout and grid-shaped ``int8`` flags and float32 mass and carry.
+
+    Args:
+        lattice, storage, model, shape: The liquid's simulation.
+        sigma: Surface tension; the gas density is ``1 - 3 (D - 1) sigma kappa``.
+        gravity: Acceleration, ``(D,)``; the force density is ``rho g``.
+        smoothing: Smoothing passes of the fill field for the curvature.
+        fill_limit: ``1 + FILL_MARGIN``: an interface cell fills above
+            ``fill_limit rho``.
+        threads: Threads per call; ``None``: :func:`default_threads`.
+
+    Raises:
+        ValueError: If :func:`covered_free_surface` says no (with why).
+    """
+    shape = tuple(int(s) for s in shape)
+    why = covered_free_surface(lattice, storage, model, shape, 1)
+    if why is not None:
+        raise ValueError(why)
+    cells = math.prod(shape)
+    rows = shape[0] * (shape[1] if lattice.d == 3 else 1)
+    full = (shape[0], lattice.q, *shape[1:])
+    target = _fs_target(lattice.name, _STORAGES[storage.short_name])
+    grid = jax.ShapeDtypeStruct(shape, jnp.float32)
+    out_types = (
+        jax.ShapeDtypeStruct(full, storage.storage_dtype),
+        jax.ShapeDtypeStruct(shape, jnp.int8),
+        grid,
+        grid,
+        jax.ShapeDtypeStruct((FREE_SURFACE_SCRATCH * cells,), jnp.float32),
+        jax.ShapeDtypeStruct((cells + 2 * rows,), jnp.uint8),
+        jax.ShapeDtypeStruct((4 * rows,), jnp.int32),
+    )
+    call = jax.ffi.ffi_call(target, out_types, input_output_aliases={1: 1, 2: 2, 3: 3})
+    attrs = {
+        "omega": np.float32(model.omega_plus),
+        "cp": np.float32(1 - 0.5 * model.omega_plus),
+        "cm": np.float32(1 - 0.5 * model.omega_minus),
+        "fill_limit": np.float32(fill_limit),
+        "gas_factor": np.float32(3 * (lattice.d - 1) * sigma),
+        "gravity": np.array(gravity, np.float32),
+        "passes": np.int64(smoothing),
+        "threads": np.int64(threads or default_threads()),
+    }
+
+    def step(
+        f: jax.Array, flags: jax.Array, mass: jax.Array, carry: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        g, flags, mass, carry, *_ = call(f, flags, mass, carry, **attrs)
+        return g, flags, mass, carry
+
+    return step

@@ -4,7 +4,8 @@ Every failure ends in a reason (what went wrong and how to fix it), never an
 exception: the caller falls back to the XLA step. The library is built into a
 per-user cache directory (``$LBM_JAX_CACHE``, else ``$XDG_CACHE_HOME/lbm_jax/native``
 or ``~/.cache/lbm_jax/native``), which must be the user's own and not writable by
-group or others, since a library is loaded from it. Builds are keyed by a hash of
+group or others, since a library is loaded from it. The sources compile in
+parallel, one compiler process each, and are then linked. Builds are keyed by a hash of
 the sources, the generated lattice tables, the compiler, its flags, JAX and the
 CPU; a failed build leaves a marker file under its key, so later processes fall
 back at once instead of compiling again. Builds beyond the :data:`KEEP_BUILDS`
@@ -13,6 +14,7 @@ most recently used are removed once unused for :data:`PRUNE_AFTER_S`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -36,6 +38,7 @@ __all__ = [
     "LATTICES",
     "PRUNE_AFTER_S",
     "REQUIRED_CPU_FLAGS",
+    "SOURCES",
     "NativeStepWarning",
     "build",
     "cache_dir",
@@ -49,7 +52,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("_native")
-_SOURCES = ("lbm_step.cc",)
+#: the library's sources (one library: the plain step and the free-surface step),
+#: compiled in parallel
+SOURCES = ("lbm_step.cc", "lbm_free_surface.cc")
+#: headers the sources share (hashed into the build key with them)
+_HEADERS = ("lbm_codecs.h", "lbm_free_surface.h")
 LATTICES = ("D2Q9", "D3Q19", "D3Q27")
 #: x86 instruction sets the source needs (it guards them with ``#error``)
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -186,30 +193,45 @@ def lattice_header() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _run(cmd: list[str], made: Path) -> str | None:
+    """Run one compiler command; ``None`` when it succeeded (judged by the exit
+    status and the presence of ``made``), else why it failed."""
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, timeout=_COMPILE_TIMEOUT_S
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"running {cmd[0]} failed ({err})"
+    if proc.returncode == 0 and made.is_file():
+        return None
+    tail = (proc.stderr or proc.stdout).strip()[-1500:] or "no output"
+    status = f"exit status {proc.returncode}"
+    if proc.returncode == 0:
+        what = "object file" if made.suffix == ".o" else "library"
+        status = f"exit status 0 but no {what} written"
+    return f"compiling with {cmd[0]} failed ({status}): {tail}"
+
+
 def _compile(cxx: str, include: list[Path], out: Path) -> str | None:
-    """Compile to ``out`` (with OpenMP when the compiler has it); ``None`` on
-    success (judged by the exit status and the library's presence), else why."""
+    """Compile to ``out`` (with OpenMP when the compiler has it): every source
+    in its own compiler process at once, then one link; ``None`` on success,
+    else why the first failing command failed."""
     base = [cxx, *_FLAGS, *(f"-I{p}" for p in include)]
     why = ""
     for extra in ([_OPENMP], []):
-        cmd = [*base, *extra, *(str(SOURCE_DIR / s) for s in _SOURCES), "-o", str(out)]
-        try:
-            proc = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=_COMPILE_TIMEOUT_S,
-            )
-        except (OSError, subprocess.SubprocessError) as err:
-            return f"running {cxx} failed ({err})"
-        if proc.returncode == 0 and out.is_file():
+        objects = [out.with_name(Path(s).stem + ".o") for s in SOURCES]
+        cmds = [
+            [*base, *extra, "-c", str(SOURCE_DIR / s), "-o", str(o)]
+            for s, o in zip(SOURCES, objects, strict=True)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(len(cmds)) as pool:
+            failures = [w for w in pool.map(_run, cmds, objects) if w is not None]
+        if not failures:
+            link = [cxx, *_FLAGS, *extra, *map(str, objects), "-o", str(out)]
+            failures = [w for w in [_run(link, out)] if w is not None]
+        if not failures:
             return None
-        tail = (proc.stderr or proc.stdout).strip()[-1500:] or "no output"
-        status = f"exit status {proc.returncode}"
-        if proc.returncode == 0:
-            status = "exit status 0 but no library written"
-        why = f"compiling with {cxx} failed ({status}): {tail}"
+        why = failures[0]
     return why
 
 
@@ -224,7 +246,7 @@ def _key(cxx: str, header: str) -> str:
     digest = hashlib.sha256()
     for part in (
         header,
-        *((SOURCE_DIR / s).read_text() for s in _SOURCES),
+        *((SOURCE_DIR / s).read_text() for s in (*SOURCES, *_HEADERS)),
         cxx,
         version,
         " ".join((*_FLAGS, _OPENMP)),

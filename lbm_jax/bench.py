@@ -30,15 +30,19 @@ __all__ = [
     "STREAM_KERNELS",
     "bench",
     "bench_all",
+    "BenchRun",
     "format_table",
     "measure_bandwidth",
+    "median_seconds",
     "steps_for",
     "stream_bandwidths",
     "taylor_green_velocity",
 ]
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``repeats`` timed calls of ``fn`` after one warm-up
+    call, each ended by ``block_until_ready`` on its result."""
     fn()  # warm-up (and compilation for jitted callables)
     times = []
     for _ in range(repeats):
@@ -113,7 +117,7 @@ def stream_bandwidths(
     out = {}
     if "copy" in kernels:
         b = np.empty_like(a)
-        t_copy = _median_seconds(lambda: np.copyto(b, a), repeats)
+        t_copy = median_seconds(lambda: np.copyto(b, a), repeats)
         out["copy"] = 2 * nbytes / t_copy / 1e9
     if "triad" in kernels:
         xa, ya = jnp.asarray(a), jnp.asarray(a)
@@ -123,7 +127,7 @@ def stream_bandwidths(
             holder[0] = _triad(xa, ya, holder[0])
             return holder[0]
 
-        out["triad"] = 3 * nbytes / _median_seconds(triad, repeats) / 1e9
+        out["triad"] = 3 * nbytes / median_seconds(triad, repeats) / 1e9
     if "scale" in kernels:
         holder = [jnp.asarray(a)]
 
@@ -131,7 +135,7 @@ def stream_bandwidths(
             holder[0] = _scale(holder[0])
             return holder[0]
 
-        seconds = _median_seconds(scale, repeats)
+        seconds = median_seconds(scale, repeats)
         out["scale"] = 2 * SCALE_PASSES * nbytes / seconds / 1e9
     return out
 
@@ -281,7 +285,7 @@ def bench(
                 "bandwidth=50.0, or None to measure it."
             )
         bandwidth = float(bandwidth)
-    run = _Run(
+    run = BenchRun(
         lat,
         n,
         policy,
@@ -314,7 +318,7 @@ def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES
     return lat, policy, steps
 
 
-class _Run:
+class BenchRun:
     """One benchmark configuration, built, compiled and warmed up once.
 
     :func:`bench` times it once; :func:`bench_all` times it in every round, so
@@ -467,13 +471,13 @@ def bench_all(
     for lat, n in problems:  # refused before measuring
         check_devices(devices, (n,) * get_lattice(lat).d)
     before = measure_bandwidth(size_mib=bandwidth_mib)
-    prepared: dict[tuple[str, int, str], _Run] = {}
+    prepared: dict[tuple[str, int, str], BenchRun] = {}
     runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     plan = [key for _ in range(rounds) for key in configs]
     for key in plan if progress is None else progress(plan):
         if key not in prepared:  # built, compiled and warmed up in the first round
             lat, policy, n_steps = configs[key]
-            prepared[key] = _Run(
+            prepared[key] = BenchRun(
                 lat,
                 key[1],
                 policy,

@@ -19,7 +19,8 @@ from lbm_jax.free_surface._analysis import (
     surface_maps,
 )
 from lbm_jax.free_surface._curvature import MAX_CURVATURE, curvature, sphere_fill
-from lbm_jax.free_surface._model import FILL_MARGIN, Flag, FreeSurface, FreeSurfaceState
+from lbm_jax.free_surface._model import FreeSurface
+from lbm_jax.free_surface._state import FILL_MARGIN, Flag, FreeSurfaceState
 
 __all__ = [
     "FILL_MARGIN",

@@ -3,8 +3,7 @@
 Only the liquid is simulated (Koerner et al. 2005; Thuerey 2007; the variant of
 FluidX3D described by Lehmann & Gekle 2022). Every cell carries a :class:`Flag`
 (gas, interface, fluid or solid) and a mass ``m``; its fill level is
-``phi = m / rho`` (1 in fluid cells, 0 in gas). One step, every phase a
-whole-array operation inside one compiled function:
+``phi = m / rho`` (1 in fluid cells, 0 in gas). One step:
 
 1. **stream** (pull): populations arrive from the upstream neighbour; links from
    solid cells bounce back; links from gas cells (only interface cells have them)
@@ -36,65 +35,49 @@ whole-array operation inside one compiled function:
 
 The populations are held in the simulation's storage format (DDF-shifted 16-bit
 formats work unchanged); mass and flags stay in the compute dtype and ``int8``.
+
+Two implementations compute the step: the whole-array XLA step
+(:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback) and a
+native C++ CPU step (``lbm_jax/_native/lbm_free_surface.cc`` through
+``jax.ffi``: stream-collide and surface passes over memory, the curvature only
+near the interface), which ``kernel="auto"`` picks where it covers the
+configuration (:func:`lbm_jax._native.covered_free_surface`). The two agree to
+round-off: their sums run in different orders.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import itertools
 from collections.abc import Sequence
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from lbm_jax import _native
 from lbm_jax._boundaries import CellType
-from lbm_jax._collision import collide, equilibrium, moments, reverse
-from lbm_jax._kernel import from_layout, to_layout
+from lbm_jax._collision import moments
 from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
-from lbm_jax.free_surface._curvature import curvature
+from lbm_jax.free_surface._state import (
+    FILL_MARGIN,
+    Flag,
+    FreeSurfaceState,
+    double_add,
+    fill_level,
+    is_liquid,
+    neighbour_sum,
+)
+from lbm_jax.free_surface._xla_step import xla_step
 
-__all__ = ["FILL_MARGIN", "Flag", "FreeSurface", "FreeSurfaceState"]
-
-#: Relative overfill at which an interface cell converts to fluid.
-FILL_MARGIN = 1e-3
-
-
-class Flag(enum.IntEnum):
-    """Cell types of the free-surface model."""
-
-    GAS = 0
-    INTERFACE = 1
-    FLUID = 2
-    SOLID = 3
+__all__ = ["FreeSurface"]
 
 
-class FreeSurfaceState(NamedTuple):
-    """State of a free-surface flow (a pytree of arrays).
-
-    Attributes:
-        fluid: Populations and step counter (the populations of gas cells are
-            meaningless).
-        mass: Liquid mass per cell, compute dtype, grid-shaped.
-        flags: :class:`Flag` per cell, ``int8``, grid-shaped.
-        carry: Round-off of the mass updates, carried by compensated summation
-            (Kahan's TwoSum): the mass of a cell is ``mass + carry``. Without it
-            a float32 mass loses the small exchanges of nearly static fluid
-            cells, a drift of about 1e-9 of the total per step.
-    """
-
-    fluid: LBMState
-    mass: jax.Array
-    flags: jax.Array
-    carry: jax.Array
-
-
-@pytree_attributes(data=("sim",), meta=("sigma", "gravity", "smoothing", "smagorinsky"))
+@pytree_attributes(
+    data=("sim",), meta=("sigma", "gravity", "smoothing", "smagorinsky", "kernel")
+)
 class FreeSurface:
     """A liquid with a free surface (volume of fluid) in a lattice Boltzmann flow.
 
@@ -109,10 +92,19 @@ class FreeSurface:
         smagorinsky: Smagorinsky constant of a subgrid model (0: none), for
             flows whose ``tau`` is very close to 1/2 (e.g. a physical raindrop
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
+        kernel: The step's implementation: ``"auto"`` (default) runs the native
+            C++ CPU step where it covers the configuration (D2Q9/D3Q19/D3Q27
+            BGK without a subgrid model, FP32 or 16-bit DDF-shifted storage,
+            one device, a CPU) and the XLA step elsewhere, warning
+            (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
+            be built; ``"native"`` requires it; ``"xla"`` runs the XLA step.
+            :attr:`kernel` says which runs.
 
     Raises:
         ValueError: A simulation with moving walls, equilibrium cells or a force,
-            a negative or non-finite ``sigma``, a gravity of the wrong length.
+            a negative or non-finite ``sigma``, a gravity of the wrong length,
+            an unknown ``kernel`` or ``"native"`` where it does not cover the
+            configuration.
         TypeError: Arguments of the wrong type.
 
     >>> import lbm_jax
@@ -133,6 +125,7 @@ class FreeSurface:
         gravity: Sequence[float] | None = None,
         smoothing: int = 2,
         smagorinsky: float = 0.0,
+        kernel: str = "auto",
     ) -> None:
         if not isinstance(sim, Simulation):
             raise TypeError(f"sim must be an lbm_jax.Simulation, got {sim!r}.")
@@ -170,6 +163,13 @@ class FreeSurface:
                 f"smagorinsky (the Smagorinsky constant) must be in [0, 1], got "
                 f"{smagorinsky}; 0.1 to 0.2 is usual."
             )
+        model = sim.collision
+        if smagorinsky:
+            model = dataclasses.replace(model, smagorinsky=smagorinsky)
+        native = _native.select_free_surface(
+            kernel, sim.lattice, sim.storage, model, sim.shape, sim.devices
+        )
+        self.kernel = "native" if native else "xla"
         self.sim = sim
         self.smagorinsky = smagorinsky
         self.sigma = sigma
@@ -177,7 +177,10 @@ class FreeSurface:
         self.smoothing = smoothing
 
     def __repr__(self) -> str:
-        return f"FreeSurface({self.sim!r}, sigma={self.sigma}, gravity={self.gravity})"
+        return (
+            f"FreeSurface({self.sim!r}, sigma={self.sigma}, gravity={self.gravity}, "
+            f"kernel={self.kernel!r})"
+        )
 
     @property
     def solid(self) -> np.ndarray:
@@ -218,7 +221,7 @@ class FreeSurface:
         flags = np.where(p > 0, Flag.INTERFACE, Flag.GAS)
         flags = np.where(p >= 1.0, Flag.FLUID, flags)
         gas = jnp.asarray(flags == Flag.GAS, jnp.float32)
-        gas_near = np.asarray(_neighbour_sum(self.sim.lattice, gas)) > 0
+        gas_near = np.asarray(neighbour_sum(self.sim.lattice, gas)) > 0
         flags = np.where((flags == Flag.FLUID) & gas_near, Flag.INTERFACE, flags)
         flags = np.where(solid, Flag.SOLID, flags).astype(np.int8)
         rho_arr = np.broadcast_to(np.asarray(rho, np.float64), shape)
@@ -236,7 +239,7 @@ class FreeSurface:
         The velocity includes gravity's Guo half-force correction.
         """
         rho, j = self._moments(state)
-        liquid = _liquid(state.flags)
+        liquid = is_liquid(state.flags)
         safe = jnp.where(liquid, rho, 1)
         u = [
             jnp.where(liquid, (ji - 0.5 * ga * safe) / safe, 0)
@@ -246,7 +249,7 @@ class FreeSurface:
 
     def fill(self, state: FreeSurfaceState) -> jax.Array:
         """Fill level ``phi`` in ``[0, 1]`` (1 fluid, 0 gas and solid)."""
-        return _fill(state.flags, state.mass, self._moments(state)[0])
+        return fill_level(state.flags, state.mass, self._moments(state)[0])
 
     def _moments(self, state: FreeSurfaceState) -> tuple[jax.Array, list]:
         """Density and momentum of the stored populations (every cell)."""
@@ -261,7 +264,7 @@ class FreeSurface:
         hi, lo = jax.lax.reduce(
             (state.mass.reshape(-1), state.carry.reshape(-1)),
             (jnp.zeros((), state.mass.dtype), jnp.zeros((), state.mass.dtype)),
-            _double_add,
+            double_add,
             (0,),
         )
         return hi + lo
@@ -269,7 +272,7 @@ class FreeSurface:
     def healthy(self, state: FreeSurfaceState) -> jax.Array:
         """Every liquid density finite and positive, every mass finite."""
         rho, _ = self._moments(state)
-        liquid = _liquid(state.flags)
+        liquid = is_liquid(state.flags)
         ok = jnp.where(liquid, jnp.isfinite(rho) & (rho > 0), True)
         return jnp.all(ok) & jnp.all(jnp.isfinite(state.mass))
 
@@ -281,225 +284,23 @@ class FreeSurface:
         return self._step_jit(self, state)
 
     def _step_impl(self, state: FreeSurfaceState) -> FreeSurfaceState:
-        sim = self.sim
-        lat, pol, model = sim.lattice, sim.storage, sim.collision
-        if self.smagorinsky:
-            model = dataclasses.replace(model, smagorinsky=self.smagorinsky)
-        shift = pol.shift
-        d = lat.d
-        dirs = [tuple(int(v) for v in c) for c in lat.c]
-        moving = [i for i, c in enumerate(dirs) if any(c)]
-        opp = [int(o) for o in lat.opposite]
-
-        def wrap(a: jax.Array) -> jax.Array:
-            """``a`` with one periodic halo layer on each side of its last D axes."""
-            lead = a.ndim - d
-            return jnp.pad(a, [(0, 0)] * lead + [(1, 1)] * d, mode="wrap")
-
-        def up(padded: jax.Array, i: int) -> jax.Array:
-            """``a(x - c_i)`` from ``wrap(a)``: the upstream neighbour along ``i``."""
-            lead = padded.ndim - d
-            index = [slice(None)] * lead + [
-                slice(1 - c, 1 - c + n) for c, n in zip(dirs[i], sim.shape, strict=True)
-            ]
-            return padded[tuple(index)]
-
-        def around(a: jax.Array) -> jax.Array:
-            """``sum_i a(x - c_i)`` over the moving directions (separable)."""
-            return _neighbour_sum(lat, a)
-
-        def near(mask: jax.Array) -> jax.Array:
-            return around(mask.astype(jnp.float32)) > 0
-
-        live = state.fluid.t >= 0  # a traced "true" for the phase boundaries
-
-        def keep(*arrays: Any) -> Any:
-            return _materialise(live, *arrays)
-
-        f = pol.decode(from_layout(state.fluid.f))  # (Q, *grid), post-collision
-        flags, mass, carry = state.flags, state.mass, state.carry
-        is_f, is_i = flags == Flag.FLUID, flags == Flag.INTERFACE
-        is_g = flags == Flag.GAS
-        liquid = is_f | is_i
-        one = jnp.ones((), f.dtype)
-
-        # 1. stream, with bounce-back and the gas reconstruction
-        rho0, j0 = moments(lat, f, shift=shift)
-        safe0 = jnp.where(liquid, rho0, one)
-        u0 = [jnp.where(liquid, ji / safe0, 0) for ji in j0]
-        phi, u0, safe0 = keep(_fill(flags, mass, safe0), u0, safe0)
-        kappa = curvature(phi, flags == Flag.SOLID, passes=self.smoothing)
-        rho_gas = 1 - (3 * (d - 1) * self.sigma) * kappa
-        feq_gas = equilibrium(lat, rho_gas, u0, shift=shift)
-        f_rev = reverse(lat, f)
-        f_wrap, flags_wrap, phi_wrap = wrap(f), wrap(flags), wrap(phi)
-        streamed = []
-        dm = jnp.zeros_like(mass)
-        has_gas = jnp.zeros_like(liquid)
-        has_fluid = jnp.zeros_like(liquid)
-        for i in range(lat.q):
-            if i not in moving:
-                streamed.append(f[i])
-                continue
-            o = opp[i]
-            f_up, flag_up = up(f_wrap[i], i), up(flags_wrap, i)
-            gas_up = flag_up == Flag.GAS
-            fi = jnp.where(flag_up == Flag.SOLID, f_rev[i], f_up)
-            fi = jnp.where(gas_up, feq_gas[i] + feq_gas[o] - f_rev[i], fi)
-            streamed.append(fi)
-            # 2. mass exchange along the link (f_rev[i] leaves x towards x - c_i)
-            weight = jnp.where(
-                flag_up == Flag.FLUID,
-                one,
-                jnp.where(
-                    flag_up == Flag.INTERFACE,
-                    jnp.where(is_f, one, 0.5 * (phi + up(phi_wrap, i))),
-                    0,
-                ),
-            )
-            dm = dm + weight * (f_up - f_rev[i])
-            has_gas = has_gas | gas_up
-            has_fluid = has_fluid | (flag_up == Flag.FLUID)
-        fin = jnp.stack(streamed)
-        mass, carry = _two_sum(mass, carry, jnp.where(liquid, dm, 0))
-        # phase boundaries are materialised: fused across them, XLA recomputes
-        # the whole producer chain for every neighbour a later phase reads
-        fin, mass, carry, has_gas, has_fluid = keep(
-            fin, mass, carry, has_gas, has_fluid
+        if self.kernel == "xla":
+            return xla_step(self, state)
+        step = _native.make_native_free_surface_step(
+            self.sim.lattice,
+            self.sim.storage,
+            self.sim.collision,
+            self.sim.shape,
+            sigma=self.sigma,
+            gravity=self.gravity,
+            smoothing=self.smoothing,
+            fill_limit=1 + FILL_MARGIN,
         )
-
-        # 3. collide with gravity (Guo, force density rho g)
-        rho_in, _ = moments(lat, fin, shift=shift)
-        rho_in = jnp.where(liquid, rho_in, one)
-        force = None
-        if any(self.gravity):
-            force = [rho_in * np.asarray(g, f.dtype) for g in self.gravity]
-        out, rho, u = collide(lat, model, fin, shift=shift, force=force)
-        rho = jnp.where(liquid, rho, one)
-        out, rho, u = keep(out, rho, u)
-
-        # 4. conversions: mark, then apply so that fluid never touches gas
-        to_fluid = is_i & ((mass > (1 + FILL_MARGIN) * rho) | ~has_gas)
-        to_gas = is_i & ~to_fluid & ((mass < 0) | ~has_fluid)
-        to_fluid, to_gas = keep(to_fluid, to_gas)
-        to_gas = to_gas & ~near(to_fluid)  # filling takes precedence
-        (to_gas,) = keep(to_gas)
-        gas_to_i = is_g & near(to_fluid)
-        fluid_to_i = is_f & near(to_gas)
-        new_flags = jnp.where(to_fluid, Flag.FLUID, flags)
-        new_flags = jnp.where(to_gas, Flag.GAS, new_flags)
-        new_flags = jnp.where(gas_to_i | fluid_to_i, Flag.INTERFACE, new_flags)
-        new_flags, gas_to_i = keep(new_flags.astype(flags.dtype), gas_to_i)
-
-        # new interface cells: equilibrium of the mean of their liquid neighbours
-        src = liquid & ~to_gas
-        srcf = src.astype(f.dtype)
-        count = around(srcf)
-        inv = 1 / jnp.maximum(count, 1)
-        rho_new = around(jnp.where(src, rho, 0)) * inv
-        u_new = [around(jnp.where(src, ua, 0)) * inv for ua in u]
-        rho_new = jnp.where(count > 0, rho_new, one)
-        rho_new, u_new = keep(rho_new, u_new)
-        feq_new = equilibrium(lat, rho_new, u_new, shift=shift)
-
-        # 5. excess mass: filled, emptied and clamped interface cells
-        converted = to_fluid | to_gas
-        excess = jnp.where(to_fluid, mass - rho, jnp.where(to_gas, mass, 0))
-        excess = excess + jnp.where(converted, carry, 0)
-        mass = jnp.where(to_fluid, rho, jnp.where(to_gas, 0, mass))
-        carry = jnp.where(converted, 0, carry)
-        stays = is_i & (new_flags == Flag.INTERFACE)
-        clamp = jnp.where(stays, jnp.maximum(mass - rho, 0) + jnp.minimum(mass, 0), 0)
-        excess = excess + clamp
-        mass = mass - clamp
-        target = new_flags == Flag.INTERFACE
-        targets = around(target.astype(f.dtype))
-        share = jnp.where(targets > 0, excess / jnp.maximum(targets, 1), 0)
-        (share,) = keep(share)
-        received = around(share)
-        gained = jnp.where(targets > 0, 0, excess) + jnp.where(target, received, 0)
-        mass, carry = _two_sum(mass, carry, gained)
-
-        liquid_new = (new_flags == Flag.FLUID) | target
-        rest = equilibrium(lat, one, [jnp.zeros((), f.dtype)] * d, shift=shift)
-        rest = jnp.broadcast_to(rest.reshape((lat.q,) + (1,) * d), f.shape)
-        f_new = jnp.where(gas_to_i[None], feq_new, out)
-        f_new = jnp.where(liquid_new[None], f_new, rest)
-        # encoded in the step's layout first: fused into the transpose to the
-        # state's layout, the selections ran 10x slower
-        (stored,) = keep(pol.encode(f_new))
-        fluid = LBMState(f=to_layout(stored), t=state.fluid.t + 1)
-        return FreeSurfaceState(fluid=fluid, mass=mass, flags=new_flags, carry=carry)
+        g, flags, mass, carry = step(
+            state.fluid.f, state.flags, state.mass, state.carry
+        )
+        fluid = LBMState(f=g, t=state.fluid.t + 1)
+        return FreeSurfaceState(fluid=fluid, mass=mass, flags=flags, carry=carry)
 
     # compiled once per free-surface configuration (static part of the pytree)
     _step_jit = staticmethod(jax.jit(_step_impl))
-
-
-def _neighbour_sum(lattice: Any, a: jax.Array) -> jax.Array:
-    """``sum_i a(x - c_i)`` over a lattice's moving directions, periodic.
-
-    Lattices here hold every neighbour with a given number of non-zero velocity
-    components or none of them, so the sum is the separable 3^D box sum less the
-    cell itself and the neighbour classes the lattice lacks (the 8 corners of
-    D3Q19): 4 rolls per axis instead of one per direction.
-    """
-    d = a.ndim
-
-    def pair(x: jax.Array, ax: int) -> jax.Array:
-        return jnp.roll(x, 1, ax) + jnp.roll(x, -1, ax)
-
-    box = a
-    for ax in range(d):
-        box = box + pair(box, ax)
-    total = box - a
-    present = {int(np.count_nonzero(c)) for c in lattice.c}
-    for k in range(2, d + 1):
-        if k in present:
-            continue
-        for axes in itertools.combinations(range(d), k):
-            part = a
-            for ax in axes:
-                part = pair(part, ax)
-            total = total - part
-    return total
-
-
-def _materialise(pred: jax.Array, *arrays: Any) -> Any:
-    """``arrays`` unchanged, but computed once into buffers.
-
-    XLA's CPU compiler drops optimisation barriers before fusing; a conditional
-    on a traced predicate (always true) is a fusion boundary it keeps.
-    """
-    return jax.lax.cond(
-        pred, lambda a: a, lambda a: jax.tree.map(jnp.zeros_like, a), arrays
-    )
-
-
-def _double_add(
-    a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array]:
-    """Sum of two double-word numbers ``hi + lo`` (TwoSum of the high parts)."""
-    return _two_sum(a[0], a[1] + b[1], b[0])
-
-
-def _two_sum(
-    mass: jax.Array, carry: jax.Array, add: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """``mass + add`` with the rounding error moved into ``carry`` (TwoSum)."""
-    total = mass + add
-    b = total - mass
-    err = (mass - (total - b)) + (add - b)
-    return total, carry + err
-
-
-def _liquid(flags: jax.Array) -> jax.Array:
-    return (flags == Flag.FLUID) | (flags == Flag.INTERFACE)
-
-
-def _fill(flags: jax.Array, mass: jax.Array, rho: jax.Array) -> jax.Array:
-    """Fill level: 1 in fluid, ``clip(m / rho)`` in interface cells, 0 elsewhere."""
-    safe = jnp.where(_liquid(flags), rho, 1)
-    phi = jnp.clip(mass / safe, 0, 1)
-    return jnp.where(
-        flags == Flag.FLUID, 1, jnp.where(flags == Flag.INTERFACE, phi, 0)
-    ).astype(mass.dtype)

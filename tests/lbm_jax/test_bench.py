@@ -26,7 +26,7 @@ def test_stream_bandwidths_count_bytes_read_and_written(monkeypatch):
     device scale kernel 2 per pass over its array."""
     import lbm_jax.bench as bench_module
 
-    monkeypatch.setattr(bench_module, "_median_seconds", lambda fn, repeats: 1.0)
+    monkeypatch.setattr(bench_module, "median_seconds", lambda fn, repeats: 1.0)
     bw = stream_bandwidths(size_mib=4, repeats=1)
     nbytes = 4 * 2**20
     assert bw["copy"] == pytest.approx(2 * nbytes / 1e9)
