@@ -43,7 +43,6 @@ the end, and the mass drift.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +51,15 @@ from lbm_jax._units import MIN_TAU, check_tau, tau_from_viscosity, viscosity
 from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.cases._free_surface_runs import (
+    impact_geometry,
+    run_capillary_wave,
+    run_impact,
+    run_static_drop,
+    write_capillary_wave,
+    write_impact,
+    write_static_drop,
+)
 
 __all__ = ["RAINDROP", "prepare", "raindrop_units"]
 
@@ -227,8 +235,8 @@ def _static_drop(
         tau=tau,
         steps=steps,
         steps_given=steps_given,
-        runner=_run_static_drop,
-        write_files=_write_static_drop,
+        runner=run_static_drop,
+        write_files=write_static_drop,
         shape=(n,) * dims,
     )
 
@@ -278,8 +286,8 @@ def _capillary_wave(
         tau=tau,
         steps=steps,
         steps_given=steps_given,
-        runner=_run_capillary_wave,
-        write_files=_write_capillary_wave,
+        runner=run_capillary_wave,
+        write_files=write_capillary_wave,
         shape=(n, opts["height"] + 2),
     )
 
@@ -353,9 +361,9 @@ def _impact(
         u_ref=u,
         steps=steps,
         steps_given=steps_given,
-        runner=_run_impact,
+        runner=run_impact,
         figures=(),
-        write_files=_write_impact,
+        write_files=write_impact,
         shape=opts["shape"],
     )
 
@@ -423,25 +431,11 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
     return fs, fs.init(phi, rho=rho, u=u)
 
 
-def _impact_geometry(setup: CaseSetup, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Pool level, drop centre and impact time of an impact case (cells, steps)."""
-    n = setup.n
-    level = 0.5 + setup.options["depth"] * n  # wall plane at z = 1/2
-    centre = tuple((s - 1) / 2.0 for s in shape[:-1])
-    drop_z = level + 0.5 * n + 1.0  # one cell above the surface
-    return {
-        "level": level,
-        "centre": centre,
-        "drop": (*centre, drop_z),
-        "contact_step": 1.0 / setup.u_ref,
-    }
-
-
 def _impact_initial(setup: CaseSetup, shape: tuple[int, ...]) -> tuple:
     from lbm_jax.free_surface import sphere_fill
 
     opts = setup.options
-    geo = _impact_geometry(setup, shape)
+    geo = impact_geometry(setup, shape)
     z = np.arange(shape[-1], dtype=np.float64)
     pool = np.clip(geo["level"] - (z - 0.5), 0.0, 1.0)
     pool = np.broadcast_to(pool, shape)
@@ -454,283 +448,3 @@ def _impact_initial(setup: CaseSetup, shape: tuple[int, ...]) -> tuple:
     u = np.zeros((len(shape), *shape))
     u[-1] = np.where(drop > 0, -setup.u_ref, 0.0)
     return phi, rho, u
-
-
-# -- runners ---------------------------------------------------------------------
-
-
-def _fields(fs: Any, state: Any) -> dict[str, np.ndarray]:
-    rho, u = fs.fields(state)
-    return {
-        "rho": np.asarray(rho, np.float64),
-        "u": np.asarray(u, np.float64),
-        "phi": np.asarray(fs.fill(state), np.float64),
-        "flags": np.asarray(state.flags),
-    }
-
-
-def _mass_drift(mass: np.ndarray) -> float:
-    mass = np.asarray(mass, np.float64)
-    return float(np.max(np.abs(mass / mass[0] - 1.0)))
-
-
-def _run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
-    from lbm_jax._run import run
-    from lbm_jax.free_surface import Flag
-
-    fs, state = build(setup)
-    opts = setup.options
-    start = float(fs.total_mass(state))
-    every = max(1, setup.steps // opts["samples"])
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=fs.total_mass,
-        sample_every=every,
-        **driver,
-    )
-    fields = _fields(fs, result.state)
-    d = fields["phi"].ndim
-    volume = float(fields["phi"].sum())
-    radius = (
-        math.sqrt(volume / math.pi)
-        if d == 2
-        else (3 * volume / (4 * math.pi)) ** (1 / 3)
-    )
-    fluid = fields["flags"] == Flag.FLUID
-    pressure = float(fields["rho"][fluid].mean() - 1.0)
-    theory = 3.0 * (d - 1) * opts["sigma"] / radius
-    mass = np.concatenate([[start], result.samples.values])
-    speed = np.sqrt(np.sum(fields["u"] ** 2, axis=0))
-    metrics = {
-        "steps": result.stats.total_steps,
-        "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
-        "radius_volume": radius,
-        "laplace_pressure": pressure,
-        "laplace_theory": theory,
-        "laplace_error": abs(pressure - theory) / theory,
-        "spurious_velocity": float(speed.max()),
-        "mass_drift": _mass_drift(mass),
-    }
-    extras = {"t": np.asarray(result.samples.steps), "mass": mass[1:]}
-    return metrics, fields, extras
-
-
-def _run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
-    import jax.numpy as jnp
-
-    from lbm_jax._run import run
-    from lbm_jax.free_surface import damped_oscillation
-
-    fs, state = build(setup)
-    opts = setup.options
-    n = setup.n
-    cosine = jnp.asarray(np.cos(2 * math.pi * np.arange(n) / n), jnp.float32)
-
-    def observe(s: Any) -> dict[str, Any]:
-        column = jnp.sum(fs.fill(s), axis=1)
-        return {
-            "amplitude": 2.0 / n * jnp.sum(column * cosine),
-            "mass": fs.total_mass(s),
-        }
-
-    start = observe(state)
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=observe,
-        sample_every=opts["sample_every"],
-        **driver,
-    )
-    t = np.concatenate([[0], np.asarray(result.samples.steps)]).astype(np.float64)
-    amp = np.concatenate(
-        [[float(start["amplitude"])], result.samples.values["amplitude"]]
-    )
-    mass = np.concatenate([[float(start["mass"])], result.samples.values["mass"]])
-    fit = damped_oscillation(t, amp)
-    w, g = opts["frequency_theory"], opts["damping_theory"]
-    metrics = {
-        "steps": result.stats.total_steps,
-        "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
-        "frequency": fit["frequency"],
-        "frequency_error": abs(fit["frequency"] - w) / w,
-        "damping": fit["damping"],
-        "damping_error": abs(fit["damping"] - g) / g,
-        "mass_drift": _mass_drift(mass),
-    }
-    return metrics, _fields(fs, result.state), {"t": t, "amplitude": amp, "mass": mass}
-
-
-#: Impact time ``t U / D`` from which the crown radius is fitted by a power law.
-CROWN_START = 0.1
-
-#: Crown-radius samples a power-law fit needs; they must span a factor 2 in time.
-MIN_CROWN_SAMPLES = 5
-
-
-def _crown_warnings(setup: CaseSetup, contact: float, fitted: np.ndarray) -> list:
-    """Why the crown exponent cannot be trusted from the samples ``fitted`` (impact
-    times ``t U / D``), with the steps that give enough; empty when it can."""
-    if fitted.size >= MIN_CROWN_SAMPLES and fitted.max() >= 2 * fitted.min():
-        return []
-    t_unit = setup.n / setup.u_ref  # steps per D / U
-    start = contact + CROWN_START * t_unit
-    share = 1.0 - (MIN_CROWN_SAMPLES + 1) / setup.options["samples"]
-    need = math.ceil(max(contact + 2 * CROWN_START * t_unit, start / max(share, 0.1)))
-    return [
-        f"run too short for the crown exponent: {fitted.size} crown-radius "
-        f"sample(s) after t U / D = {CROWN_START:g}, the power-law fit needs "
-        f"{MIN_CROWN_SAMPLES} spanning a factor 2 in time; crown_exponent and "
-        f"crown_prefactor are left unset. Give steps={need} or more (or leave steps "
-        "unset for the default duration)."
-    ]
-
-
-def _run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
-    from lbm_jax._run import run
-    from lbm_jax.free_surface import count_droplets, crown, power_law, surface_maps
-
-    fs, state = build(setup)
-    opts = setup.options
-    shape = opts["shape"]
-    geo = _impact_geometry(setup, shape)
-    mid = shape[1] // 2 if len(shape) == 3 else None
-
-    def observe(s: Any) -> dict[str, Any]:
-        phi = fs.fill(s)
-        top, layer = surface_maps(phi)
-        plane = phi if mid is None else phi[:, mid, :]
-        return {"top": top, "layer": layer, "slice": plane, "mass": fs.total_mass(s)}
-
-    start = float(fs.total_mass(state))
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=observe,
-        sample_every=opts["sample_every"],
-        **driver,
-    )
-    values = {k: np.asarray(v) for k, v in result.samples.values.items()}
-    t = np.asarray(result.samples.steps, np.float64)
-    rows = [
-        crown(top, layer, geo["centre"], geo["level"], setup.n)
-        for top, layer in zip(values["top"], values["layer"], strict=True)
-    ]
-    series = {k: np.array([r[k] for r in rows]) for k in rows[0]}
-    tau = (t - geo["contact_step"]) * setup.u_ref / setup.n
-    window = (tau >= CROWN_START) & np.isfinite(series["crown_radius"])
-    exponent, prefactor = power_law(
-        tau[window], series["crown_radius"][window] / setup.n
-    )
-    warnings = _crown_warnings(setup, geo["contact_step"], tau[window])
-    if warnings:
-        exponent = prefactor = math.nan
-    fields = _fields(fs, result.state)
-    mass = np.concatenate([[start], values["mass"]])
-    metrics = {
-        "steps": result.stats.total_steps,
-        "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
-        "crown_exponent": exponent,
-        "crown_prefactor": prefactor,
-        "crown_fit_samples": int(window.sum()),
-        "crown_radius_final": float(series["crown_radius"][-1] / setup.n),
-        "crown_height_max": float(series["crown_height"].max() / setup.n),
-        "cavity_depth_max": float(series["cavity_depth"].max() / setup.n),
-        "droplets": count_droplets(fields["phi"] >= 0.5),
-        "mass_drift": _mass_drift(mass),
-        "warnings": warnings,
-    }
-    if setup.case == "raindrop":
-        metrics["time_ms"] = float(t[-1] * opts["units"]["dt"] * 1e3)
-    extras = {
-        "t": t,
-        "t_impact": tau,
-        **series,
-        "mass": values["mass"],
-        "slices": values["slice"],
-        "top": values["top"][-1],
-    }
-    return metrics, fields, extras
-
-
-# -- files -----------------------------------------------------------------------
-
-
-def _write_static_drop(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
-
-    phi = fields["phi"]
-    plane = phi if phi.ndim == 2 else phi[:, :, phi.shape[2] // 2]
-    title = (
-        f"static drop, R = {summary['radius']:g}, sigma = {summary['sigma']:g} "
-        f"({summary['storage']})"
-    )
-    return [
-        _plot.save_figure(
-            _plot.fill_figure(plane, title=f"fill level: {title}"), out / "fill.png"
-        )
-    ]
-
-
-def _write_capillary_wave(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
-
-    return [
-        _plot.save_figure(
-            _plot.oscillation_figure(
-                extras["t"],
-                extras["amplitude"],
-                summary["amplitude"],
-                summary["frequency_theory"],
-                summary["damping_theory"],
-                title=f"capillary wave, wavelength {summary['n']} cells "
-                f"({summary['storage']})",
-            ),
-            out / "amplitude.png",
-        )
-    ]
-
-
-def _write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
-
-    name = "raindrop" if summary["case"] == "raindrop" else "drop impact"
-    title = f"{name}, D = {summary['n']} cells ({summary['storage']})"
-    n = summary["n"]
-    files = [
-        _plot.save_figure(
-            _plot.fill_slices_figure(
-                extras["slices"],
-                extras["t_impact"],
-                title=f"mid-plane fill: {title}",
-                dims=summary["dims"],
-            ),
-            out / "slices.png",
-        ),
-        _plot.save_figure(
-            _plot.crown_figure(
-                extras["t_impact"],
-                extras["crown_radius"] / n,
-                extras["crown_height"] / n,
-                extras["cavity_depth"] / n,
-                summary["crown_exponent"],
-                summary["crown_prefactor"],
-                title=f"crown and cavity: {title}",
-            ),
-            out / "crown.png",
-        ),
-        _plot.save_figure(
-            _plot.surface_figure(extras["top"] / n, title=f"liquid surface: {title}"),
-            out / "surface.png",
-        ),
-    ]
-    return files

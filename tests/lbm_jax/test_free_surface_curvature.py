@@ -103,7 +103,9 @@ def height_model(monkeypatch):
 # the Laplace law far better (measured: 0.2 % at R = 8, spurious currents 1.9e-7,
 # against 3.6 % and 3.8e-5 smoothed) and the short wave's frequency (-3.9 % against
 # -6.8 %), but the wave's damping falls further below Lamb's (-11 % against
-# -8.3 %): the model's own deficit, which the smoothing partly hid.
+# -8.3 %). The deficit is a discretisation error of the interface (it halves from
+# wavelength 50 to 100 and depends on the amplitude in cells), not the reference's
+# or the fit's: tests/lbm_jax/test_wave_damping.py.
 @pytest.mark.slow
 def test_height_function_in_the_model(height_model):
     drop = run_case("static_drop", n=32, radius=8.0).summary
