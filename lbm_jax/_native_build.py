@@ -15,6 +15,7 @@ most recently used are removed once unused for :data:`PRUNE_AFTER_S`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
 import logging
@@ -26,6 +27,7 @@ import subprocess
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -278,6 +280,41 @@ def _build_with(cxx: str | None, root_name: str) -> tuple[Path | None, str]:
     header = lattice_header()
     key_dir = root / _key(cxx, header)
     target, failed = key_dir / LIBRARY, key_dir / FAILED
+    found = _found(key_dir)
+    if found is not None:
+        return found
+    why = private_dir(key_dir)
+    if why is not None:
+        return None, why
+    with _build_lock(key_dir):  # one build at a time; the others wait for it
+        found = _found(key_dir)
+        if found is not None:
+            return found
+        _log.info("lbm_jax: compiling the native step into %s", target)
+        try:
+            with tempfile.TemporaryDirectory(dir=key_dir) as tmp:
+                (Path(tmp) / "lbm_lattices.h").write_text(header)
+                built = Path(tmp) / LIBRARY
+                why = _compile(cxx, [Path(tmp), Path(jax.ffi.include_dir())], built)
+                if why is None:
+                    os.replace(built, target)  # atomic: readers see all or nothing
+        except OSError as err:
+            why = f"writing to the cache directory {key_dir} failed ({err})"
+        if why is not None:
+            why += f"; fix the compiler (or set $CXX), then delete {failed} to retry"
+            try:
+                failed.write_text(why + "\n")
+            except OSError:
+                pass
+            return None, why
+    prune(root, keep=key_dir)
+    return target, ""
+
+
+def _found(key_dir: Path) -> tuple[Path | None, str] | None:
+    """The outcome of an earlier build in ``key_dir``: the library, the failure
+    it remembered, or ``None`` when nothing was built there yet."""
+    target, failed = key_dir / LIBRARY, key_dir / FAILED
     if target.is_file():
         _touch(key_dir)
         return target, ""
@@ -287,28 +324,31 @@ def _build_with(cxx: str | None, root_name: str) -> tuple[Path | None, str]:
             f"an earlier build for this source, compiler and CPU failed (remembered "
             f"in {failed}; delete it to retry): {earlier}"
         )
-    why = private_dir(key_dir)
-    if why is not None:
-        return None, why
-    _log.info("lbm_jax: compiling the native step into %s", target)
+    return None
+
+
+@contextlib.contextmanager
+def _build_lock(key_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``key_dir`` (processes building the same library
+    at once, such as test workers, wait for the first instead of compiling it
+    again). Where files cannot be locked, builds run side by side, which the
+    atomic install makes harmless."""
     try:
-        with tempfile.TemporaryDirectory(dir=key_dir) as tmp:
-            (Path(tmp) / "lbm_lattices.h").write_text(header)
-            built = Path(tmp) / LIBRARY
-            why = _compile(cxx, [Path(tmp), Path(jax.ffi.include_dir())], built)
-            if why is None:
-                os.replace(built, target)  # atomic: concurrent builds are harmless
-    except OSError as err:
-        why = f"writing to the cache directory {key_dir} failed ({err})"
-    if why is not None:
-        why += f"; fix the compiler (or set $CXX), then delete {failed} to retry"
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    try:
+        handle = open(key_dir / ".lock", "a")  # noqa: SIM115 (held across the yield)
+    except OSError:
+        yield
+        return
+    with handle:
         try:
-            failed.write_text(why + "\n")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError:
             pass
-        return None, why
-    prune(root, keep=key_dir)
-    return target, ""
+        yield
 
 
 def _touch(path: Path) -> None:

@@ -61,10 +61,14 @@ def _assert_fell_back(out: dict, *fragments: str) -> None:
         assert fragment in message and fragment in out["reason"], message
 
 
-def _logging_compiler(tmp_path: Path) -> tuple[Path, Path]:
-    """A compiler that records its arguments and fails (exit status 3)."""
+def _logging_compiler(tmp_path: Path, delay: float = 0.0) -> tuple[Path, Path]:
+    """A compiler that records its arguments, takes ``delay`` seconds and fails
+    (exit status 3)."""
     log, cxx = tmp_path / "calls.log", tmp_path / "fake-c++"
-    cxx.write_text(f'#!/bin/sh\necho "$@" >> {log}\necho "fake failure" >&2\nexit 3\n')
+    cxx.write_text(
+        f'#!/bin/sh\necho "$@" >> {log}\nsleep {delay}\n'
+        'echo "fake failure" >&2\nexit 3\n'
+    )
     cxx.chmod(0o755)
     return cxx, log
 
@@ -92,6 +96,28 @@ def test_failing_compiler_falls_back_and_is_remembered(tmp_path):
     second = _worker(env)
     _assert_fell_back(second, "an earlier build", "delete it to retry")
     assert _compiles(log) == attempts  # the second process compiled nothing
+
+
+@needs_capable_cpu
+def test_processes_building_at_once_compile_once(tmp_path):
+    """Two processes (test workers, say) needing the same build at the same time:
+    the second waits for the first and takes its outcome."""
+    cxx, log = _logging_compiler(tmp_path, delay=1.0)
+    env = _env(tmp_path, CXX=str(cxx))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [
+        json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1])
+        for p in procs
+    ]
+    assert all(p.returncode == 0 for p in procs)
+    reasons = sorted(out["reason"] for out in outs)
+    assert "an earlier build" in reasons[0] and "exit status 3" in reasons[1], reasons
+    assert _compiles(log) == 2 * len(_native_build.SOURCES)  # one build's attempts
 
 
 @needs_capable_cpu
