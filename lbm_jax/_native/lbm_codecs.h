@@ -23,6 +23,7 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace lbm_native {
+namespace {  // internal linkage in each source: inlined as a source's own functions
 
 namespace ffi = xla::ffi;
 
@@ -253,4 +254,5 @@ __attribute__((always_inline)) inline void unroll(F&& f) {
   unroll(f, std::make_integer_sequence<int, N>{});
 }
 
+}  // namespace
 }  // namespace lbm_native
