@@ -57,23 +57,32 @@ def _mass_drift(mass: np.ndarray) -> float:
     return float(np.max(np.abs(mass / mass[0] - 1.0)))
 
 
-def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
+def _drive(
+    fs: Any, state: Any, setup: CaseSetup, observe: Any, every: int, driver: dict
+) -> Any:
+    """The case's run through the one run driver: ``setup.steps`` steps of the
+    free surface, checked by its health test, ``observe`` sampled ``every`` steps."""
     from lbm_jax._run import run
+
+    return run(
+        fs.step,
+        state,
+        setup.steps,
+        healthy=fs.healthy,
+        observe=observe,
+        sample_every=every,
+        **driver,
+    )
+
+
+def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     from lbm_jax.free_surface import Flag
 
     fs, state = setup.build()
     opts = setup.options
     start = float(fs.total_mass(state))
     every = max(1, setup.steps // opts["samples"])
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=fs.total_mass,
-        sample_every=every,
-        **driver,
-    )
+    result = _drive(fs, state, setup, fs.total_mass, every, driver)
     fields = _fields(fs, result.state)
     d = fields["phi"].ndim
     volume = float(fields["phi"].sum())
@@ -105,7 +114,6 @@ def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
 def run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     import jax.numpy as jnp
 
-    from lbm_jax._run import run
     from lbm_jax.free_surface import damped_oscillation
 
     fs, state = setup.build()
@@ -121,15 +129,7 @@ def run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
         }
 
     start = observe(state)
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=observe,
-        sample_every=opts["sample_every"],
-        **driver,
-    )
+    result = _drive(fs, state, setup, observe, opts["sample_every"], driver)
     t = np.concatenate([[0], np.asarray(result.samples.steps)]).astype(np.float64)
     amp = np.concatenate(
         [[float(start["amplitude"])], result.samples.values["amplitude"]]
@@ -176,7 +176,6 @@ def _crown_warnings(setup: CaseSetup, contact: float, fitted: np.ndarray) -> lis
 
 
 def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
-    from lbm_jax._run import run
     from lbm_jax.free_surface import count_droplets, crown, power_law, surface_maps
 
     fs, state = setup.build()
@@ -192,15 +191,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
         return {"top": top, "layer": layer, "slice": plane, "mass": fs.total_mass(s)}
 
     start = float(fs.total_mass(state))
-    result = run(
-        fs.step,
-        state,
-        setup.steps,
-        healthy=fs.healthy,
-        observe=observe,
-        sample_every=opts["sample_every"],
-        **driver,
-    )
+    result = _drive(fs, state, setup, observe, opts["sample_every"], driver)
     values = {k: np.asarray(v) for k, v in result.samples.values.items()}
     t = np.asarray(result.samples.steps, np.float64)
     rows = [
