@@ -174,6 +174,28 @@ def supported(
     return _covered(lattice, storage, model, shape, force, boundaries) and available()
 
 
+def _needs(
+    lattice: Lattice, storage: StoragePolicy, model: CollisionModel, shape: tuple
+) -> tuple[tuple[bool, str], ...]:
+    """What both native steps need of a configuration: ``(met, what)`` pairs."""
+    return (
+        (
+            lattice.name in LATTICES and lattice == get_lattice(lattice.name),
+            "D2Q9, D3Q19 or D3Q27",
+        ),
+        (
+            model.kind is Collision.BGK and model.smagorinsky == 0,
+            "BGK collision without a Smagorinsky model",
+        ),
+        (
+            storage.short_name in _STORAGES and storage.shift,
+            "FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage, DDF-shifted",
+        ),
+        (len(shape) == lattice.d, "a grid of the lattice's dimension"),
+        (jax.default_backend() == "cpu", "a CPU backend"),
+    )
+
+
 def _covered(
     lattice: Lattice,
     storage: StoragePolicy,
@@ -184,17 +206,28 @@ def _covered(
 ) -> bool:
     """The configuration part of :func:`supported` (the library aside)."""
     return (
-        lattice.name in LATTICES
-        and lattice == get_lattice(lattice.name)
-        and len(shape) == lattice.d
+        all(met for met, _ in _needs(lattice, storage, model, shape))
         and math.prod(shape[1:]) >= MIN_PLANE_CELLS
-        and storage.short_name in _STORAGES
-        and storage.shift
-        and model.kind is Collision.BGK
-        and model.smagorinsky == 0
         and not (lattice.d == 2 and force and boundaries and shape[-1] % 8)
-        and jax.default_backend() == "cpu"
     )
+
+
+def _choose(kernel: str, why_not: str | None, what: str) -> bool:
+    """Whether a native step runs, for a parsed ``kernel`` ``"auto"`` or
+    ``"native"`` and ``why_not`` (why the step does not cover the configuration,
+    or ``None``): ``"auto"`` warns once where the library is unavailable
+    (:class:`NativeStepWarning`) and runs XLA; ``"native"`` raises ``ValueError``
+    saying why it cannot run ``what`` (a simulation, a free-surface model)."""
+    unavailable = unavailable_reason() if why_not is None else None
+    if kernel == "auto" and unavailable is not None:
+        warn_fallback(unavailable)
+    if kernel == "native" and (why_not or unavailable):
+        raise ValueError(
+            f"kernel='native' is not available for this {what}: "
+            f"{why_not or unavailable}; use kernel='auto' to fall back to the XLA "
+            "step."
+        )
+    return why_not is None and unavailable is None
 
 
 #: Values of ``Simulation(kernel=...)``.
@@ -253,21 +286,16 @@ def select(
     covered = not split_across and _covered(
         lattice, storage, model, shape, force, boundaries
     )
-    why = unavailable_reason() if covered else None
-    if kernel == "auto" and why is not None:
-        warn_fallback(why)
-    ok = covered and why is None
-    if kernel == "native" and not ok:
-        why = why or (
+    why_not = (
+        None
+        if covered
+        else (
             "the native step covers D2Q9/D3Q19/D3Q27 BGK with FP32/FP32, "
             "FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage (DDF-shifted), at least "
             f"{MIN_PLANE_CELLS} cells per x-plane, split along x only, on a CPU"
         )
-        raise ValueError(
-            f"kernel='native' is not available for this simulation: {why}; use "
-            "kernel='auto' to fall back to the XLA step."
-        )
-    return ok
+    )
+    return _choose(kernel, why_not, "simulation")
 
 
 def make_native_step_into(
@@ -414,21 +442,9 @@ def covered_free_surface(
     on one device with at least 3 cells along every axis, on a CPU.
     """
     checks = (
-        (
-            lattice.name in LATTICES and lattice == get_lattice(lattice.name),
-            "D2Q9, D3Q19 or D3Q27",
-        ),
-        (
-            model.kind is Collision.BGK and model.smagorinsky == 0,
-            "BGK collision without a Smagorinsky model",
-        ),
-        (
-            storage.short_name in _STORAGES and storage.shift,
-            "FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage, DDF-shifted",
-        ),
+        *_needs(lattice, storage, model, shape),
         (devices == 1, "a grid on one device"),
-        (len(shape) == lattice.d and min(shape) >= 3, "at least 3 cells per axis"),
-        (jax.default_backend() == "cpu", "a CPU backend"),
+        (min(shape) >= 3, "at least 3 cells per axis"),
     )
     missing = [need for ok, need in checks if not ok]
     if not missing:
@@ -463,16 +479,8 @@ def select_free_surface(
         )
     if choice == "xla":
         return False
-    why = covered_free_surface(lattice, storage, model, shape, devices)
-    unavailable = unavailable_reason() if why is None else None
-    if choice == "auto" and unavailable is not None:
-        warn_fallback(unavailable)
-    if choice == "native" and (why or unavailable):
-        raise ValueError(
-            f"kernel='native' is not available for this free-surface model: "
-            f"{why or unavailable}; use kernel='auto' to fall back to the XLA step."
-        )
-    return why is None and unavailable is None
+    why_not = covered_free_surface(lattice, storage, model, shape, devices)
+    return _choose(choice, why_not, "free-surface model")
 
 
 def make_native_free_surface_step(
