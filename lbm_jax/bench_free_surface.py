@@ -159,10 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--kernel", default="auto")
+    parser.add_argument("--kernel", default="auto", choices=("auto", "native", "xla"))
     parser.add_argument("--target", type=float, default=TARGET_RATIO)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if not args.target > 0:
+        parser.error(f"--target must be a positive ratio, got {args.target}.")
     if args.json is not None and args.json.is_dir():
         parser.error(f"--json {args.json} is a directory; give a file name.")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -217,3 +218,35 @@ def test_steps_for_gives_about_the_requested_updates():
 
     assert steps_for(128**3, 2e7) == 10
     assert steps_for(10**9) == 4  # at least four steps
+
+
+def test_free_surface_bench_reports_ratios_and_fails_below_its_target(tmp_path):
+    from lbm_jax import bench_free_surface
+
+    out = tmp_path / "fs.json"
+    args = ["--n", "16", "--storage", "fp32", "--steps", "2", "--repeats", "1"]
+    args += ["--rounds", "2", "--json", str(out)]
+    assert bench_free_surface.main([*args, "--target", "1e-9"]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["storage"] == "FP32/FP32" and len(row["ratios"]) == 2
+    pairs = zip(row["free_surface_mlups"], row["plain_mlups"], strict=True)
+    assert row["ratio"] == pytest.approx(statistics.median(a / b for a, b in pairs))
+    assert 0 < row["free_surface"] and 0 < row["plain"]
+    assert bench_free_surface.main([*args, "--target", "1e9"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--n", "8"], "n must be an integer >= 16"),
+        (["--storage", "fp13"], "fp13"),
+        (["--kernel", "gpu"], "invalid choice"),
+        (["--target", "0"], "--target must be a positive ratio"),
+    ],
+)
+def test_free_surface_bench_refuses_bad_input(argv, message, capsys):
+    from lbm_jax import bench_free_surface
+
+    with pytest.raises(SystemExit) as err:
+        bench_free_surface.main(argv)
+    assert err.value.code == 2 and message in capsys.readouterr().err
