@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from lbm_jax.free_surface import (
     curvature,
     sphere_fill,
 )
+from tests.lbm_jax._height_curvature import height_curvature
 
 # -- curvature --------------------------------------------------------------------
 
@@ -81,22 +81,10 @@ def test_curvature_methods_on_finely_sampled_drops(dims, method, radius, offset)
 
 
 @pytest.fixture
-def height_model(monkeypatch):
-    """The free-surface model's XLA step with the height-function curvature
-    (the native step computes the smoothed one, so the XLA step runs; compiled
-    steps are traced afresh: JAX's caches are cleared before and after)."""
-    import functools
-
-    import lbm_jax._native as native
-    import lbm_jax.free_surface._xla_step as xla_step
-
-    jax.clear_caches()
-    monkeypatch.setattr(
-        xla_step, "curvature", functools.partial(curvature, method="height")
-    )
-    monkeypatch.setattr(native, "covered_free_surface", lambda *a: "height test")
-    yield
-    jax.clear_caches()
+def height_model():
+    """The free-surface model with the height-function curvature (its XLA step)."""
+    with height_curvature():
+        yield
 
 
 # ~3 min: the README's figures for the height function inside the model. It holds

@@ -15,15 +15,15 @@ surface).
 from __future__ import annotations
 
 import cmath
-import functools
+import contextlib
 import math
 
-import jax
 import numpy as np
 import pytest
 
 from lbm_jax.cases import prepare_case, run_case
-from lbm_jax.free_surface import curvature, damped_oscillation, lamb_mode
+from lbm_jax.free_surface import damped_oscillation, lamb_mode
+from tests.lbm_jax._height_curvature import height_curvature
 
 SIGMA, NU = 0.02765, 1 / 54  # the case's defaults (tau = 0.5 + 3/54)
 
@@ -168,17 +168,9 @@ DEFICIT = {
 
 
 def _run(method: str, n: int, options: tuple) -> dict:
-    import lbm_jax.free_surface._model as model
-
-    jax.clear_caches()
-    original = model.curvature
-    if method == "height":
-        model.curvature = functools.partial(curvature, method="height")
-    try:
+    swap = height_curvature() if method == "height" else contextlib.nullcontext()
+    with swap:
         return run_case("capillary_wave", n=n, **dict(options)).summary
-    finally:
-        model.curvature = original
-        jax.clear_caches()
 
 
 # ~6 min: the README's table of the wave's deficit against viscosity, amplitude and
