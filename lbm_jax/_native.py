@@ -499,6 +499,12 @@ def make_native_free_surface_step(
     free-surface step (``_native/lbm_free_surface.cc``) on populations in the
     kernel layout and grid-shaped ``int8`` flags and float32 mass and carry.
 
+    The step runs in place: every input aliases its result (XLA copies an
+    input first where it is still needed afterwards, so inside a loop nothing
+    is copied). Gas and solid cells are not written: their populations must be
+    the rest equilibrium already (:meth:`lbm_jax.free_surface.FreeSurface.init`
+    makes them so, and every step keeps them so).
+
     Args:
         lattice, storage, model, shape: The liquid's simulation.
         sigma: Surface tension; the gas density is ``1 - 3 (D - 1) sigma kappa``.
@@ -527,9 +533,16 @@ def make_native_free_surface_step(
         grid,
         jax.ShapeDtypeStruct((FREE_SURFACE_SCRATCH * cells,), jnp.float32),
         jax.ShapeDtypeStruct((cells + 2 * rows,), jnp.uint8),
-        jax.ShapeDtypeStruct((4 * rows,), jnp.int32),
+        jax.ShapeDtypeStruct((6 * rows,), jnp.int32),
     )
-    call = jax.ffi.ffi_call(target, out_types, input_output_aliases={1: 1, 2: 2, 3: 3})
+    n = threads or default_threads()
+    # three plane buffers per run of x-planes (``chunks`` in the source)
+    chunks = max(1, min(n, shape[0]))
+    planes = 3 * chunks * math.prod(full[1:])
+    out_types += (jax.ShapeDtypeStruct((planes,), storage.storage_dtype),)
+    call = jax.ffi.ffi_call(
+        target, out_types, input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3}
+    )
     attrs = {
         "omega": np.float32(model.omega_plus),
         "cp": np.float32(1 - 0.5 * model.omega_plus),
@@ -538,7 +551,7 @@ def make_native_free_surface_step(
         "gas_factor": np.float32(3 * (lattice.d - 1) * sigma),
         "gravity": np.array(gravity, np.float32),
         "passes": np.int64(smoothing),
-        "threads": np.int64(threads or default_threads()),
+        "threads": np.int64(n),
     }
 
     def step(

@@ -20,11 +20,12 @@
 //   3. share: the excess divided among the new interface neighbours;
 //   4. gather: each cell adds what it received (compensated sum).
 //
-// Passes 2-4 visit only the rows holding interface cells or conversion marks.
-// Populations are in the kernel layout (X, Q, Y, Z) (2D lattices: (X, Q, Y),
-// handled as Y = 1, Z = Y); flags, mass and carry are grid-shaped and updated
-// in place; f is read and g written. Every axis is periodic (walls are solid
-// cells). The order of floating-point operations follows the XLA model where
+// Passes 2-4 visit only the rows holding interface cells or conversion marks;
+// pass 1 only the z range of each tile's liquid cells (gas and solid cells
+// keep their rest populations). Populations are in the kernel layout
+// (X, Q, Y, Z) (2D lattices: (X, Q, Y), handled as Y = 1, Z = Y); they, the
+// flags, mass and carry (grid-shaped) are updated in place (see `run`). Every
+// axis is periodic (walls are solid cells). The order of floating-point operations follows the XLA model where
 // it is cheap to, but neighbour sums run over directions rather than XLA's
 // separable box sums and the compiler contracts no multiply-adds here, so the
 // results agree with the XLA model to round-off, not bit for bit.
@@ -33,6 +34,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "lbm_codecs.h"
@@ -56,7 +58,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   using B::plane; using B::p; using B::f; using B::g; using B::flags;
   using B::mass; using B::carry; using B::fs; using B::grad; using B::work;
   using B::row; using B::row2; using B::lo; using B::hi; using B::blo;
-  using B::bhi; using B::rest; using B::cell; using B::pop; using B::up;
+  using B::bhi; using B::llo; using B::lhi; using B::rest; using B::cell; using B::pop; using B::up;
   using B::cx; using B::cy; using B::cz; using B::equilibrium; using B::curvature;
   using B::fill_pass; using B::band; using B::curvature_fields; using B::convert_pass; using B::share_pass;
   using B::gather_pass;
@@ -209,8 +211,11 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     }
   }
 
+  // The cells (x, y0 .. y0 + ty - 1, z0 .. z0 + tz - 1): their new populations
+  // into the plane buffer `out` (layout (Q, Y, Z)), their mass exchange, work
+  // bytes and conversion marks.
   void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const int axes[3],
-            int n_axes) {
+            int n_axes, T* out) {
     const int n = ty * tz;
     uint8_t* kind = t.kind.data();
     bool liquid = false;
@@ -252,10 +257,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         for (; k < n; ++k) collide<Scalar, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
       }
     }
-    for (int r = 0; r < ty; ++r) {  // the work bytes: old flags and the marks
+    for (int r = 0; r < ty; ++r) {  // the marks (liquid_tile copied the old flags)
       const int y = y0 + r;
       uint8_t* w = work + cell(x, y, z0);
-      std::memcpy(w, kind + r * tz, tz);
       if (!(row[x * ny + y] & kRowI)) continue;
       for (int z = 0; z < tz; ++z) {
         const int k = r * tz + z;
@@ -276,45 +280,117 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
       float* in = t.in.data() + i * n;
       const __m256 rest8 = _mm256_set1_ps(rest[i]);
       int k = 0;
-      if (!liquid) {
-        std::fill(in, in + n, rest[i]);
-        k = n;
-      }
       for (; k + 8 <= n; k += 8)
         _mm256_storeu_ps(in + k, _mm256_blendv_ps(rest8, _mm256_loadu_ps(in + k),
                                                   is8(kind + k, kFluid, kInterface)));
       for (; k < n; ++k)
         if (kind[k] != kFluid && kind[k] != kInterface) in[k] = rest[i];
       for (int r = 0; r < ty; ++r)
-        encode<S>(in + r * tz, g + pop(i, x, y0 + r, z0), tz);
+        encode<S>(in + r * tz, out + (static_cast<size_t>(i) * ny + y0 + r) * nz + z0, tz);
     }
   }
 
-  void run(int threads) {
+  // The tile (x, y0 .. y0 + ty - 1, z0 .. z0 + tz - 1) narrowed to the z range
+  // of its rows' liquid cells (the cells outside it are gas or solid and hold
+  // the rest populations already: they keep them); returns that range, empty
+  // (z1 <= z0) when the tile holds no liquid. Every cell's work byte is its flag.
+  std::pair<int, int> liquid_tile(Tile& t, int x, int y0, int ty, int z0, int tz,
+                                  const int axes[3], int n_axes, T* out) {
+    int a = z0 + tz, b = z0;
+    for (int r = 0; r < ty; ++r) {
+      const int s = x * ny + y0 + r;
+      std::memcpy(work + cell(x, y0 + r, z0), flags + cell(x, y0 + r, z0), tz);
+      a = std::min(a, std::max(llo[s], z0)), b = std::max(b, std::min(lhi[s], z0 + tz));
+    }
+    if (a < b) tile(t, x, y0, ty, a, b - a, axes, n_axes, out);
+    return {a, b};
+  }
+
+  // The tiles of x-plane x: k-th at y0 = (k / tiles_z) ty, z0 = (k % tiles_z) tz.
+  struct Tiling {
+    int ty, tz, tiles_y, tiles_z;
+    int count() const { return tiles_y * tiles_z; }
+  };
+
+  // Copies the written z ranges of the tiles (written[k]) of the plane buffer
+  // `buf` into x-plane x.
+  void write_back(const Tiling& tl, int x, const T* buf,
+                  const std::pair<int, int>* written) {
+    for (int k = 0; k < tl.count(); ++k) {
+      const int z0 = written[k].first, tz = written[k].second - z0;
+      if (tz <= 0) continue;
+      const int y0 = (k / tl.tiles_z) * tl.ty, ty = std::min(tl.ty, ny - y0);
+      for (int i = 0; i < Q; ++i)
+        for (int r = 0; r < ty; ++r) {
+          const size_t at = (static_cast<size_t>(i) * ny + y0 + r) * nz + z0;
+          std::memcpy(g + x * plane + at, buf + at, tz * sizeof(T));
+        }
+    }
+  }
+
+  // Stream-collide in place: the x-planes are split into `chunks` runs of
+  // consecutive planes, each computed in order into plane buffers (three per
+  // chunk: `planes`) and copied back once no plane still to be computed pulls
+  // from the old one: plane x - 1 after plane x, a chunk's first and last
+  // planes (which the neighbouring chunks pull from) after every chunk is done.
+  // Only the liquid's z range of each tile is computed and copied back: gas and
+  // solid cells hold the rest populations already (the step and
+  // FreeSurface.init leave them so).
+  void run(int threads, int chunks, T* planes) {
     const float zero[3] = {0.0f, 0.0f, 0.0f};
     equilibrium(1.0f, zero, rest);
     int axes[3] = {0, 1, 2}, n_axes = 3;
     if (D == 2) axes[1] = 2, n_axes = 2;
-    const int ty = nz >= kTileCells ? 1 : (ny < kTileCells / nz ? ny : kTileCells / nz);
-    const int tz = nz > kTileCells ? kTileCells : nz;
-    const int tiles_y = (ny + ty - 1) / ty, tiles_z = (nz + tz - 1) / tz;
-    const int tiles = nx * tiles_y * tiles_z;
+    Tiling tl;
+    tl.ty = nz >= kTileCells ? 1 : (ny < kTileCells / nz ? ny : kTileCells / nz);
+    tl.tz = nz > kTileCells ? kTileCells : nz;
+    tl.tiles_y = (ny + tl.ty - 1) / tl.ty, tl.tiles_z = (nz + tl.tz - 1) / tl.tz;
+    std::vector<std::pair<int, int>> written(static_cast<size_t>(chunks) * 3 * tl.count());
+    auto slot = [&](int c, int x0, int x) { return c * 3 + (x == x0 ? 0 : 1 + (x - x0) % 2); };
+    auto first = [&](int c) { return static_cast<int>(static_cast<int64_t>(c) * nx / chunks); };
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
       fill_pass();
       band();
       curvature_fields(axes, n_axes);
-      Tile t(ty * tz);
+      Tile t(tl.ty * tl.tz);
 #pragma omp for schedule(static)
-      for (int k = 0; k < tiles; ++k) {
-        const int y0 = (k / tiles_z % tiles_y) * ty, z0 = (k % tiles_z) * tz;
-        tile(t, k / (tiles_y * tiles_z), y0, std::min(ty, ny - y0), z0,
-             std::min(tz, nz - z0), axes, n_axes);
+      for (int c = 0; c < chunks; ++c) {
+        const int x0 = first(c), x1 = first(c + 1);
+        for (int x = x0; x < x1; ++x) {
+          const int s = slot(c, x0, x);
+          T* buf = planes + s * plane;
+          for (int k = 0; k < tl.count(); ++k) {
+            const int y0 = (k / tl.tiles_z) * tl.ty, z0 = (k % tl.tiles_z) * tl.tz;
+            written[s * tl.count() + k] =
+                liquid_tile(t, x, y0, std::min(tl.ty, ny - y0), z0,
+                            std::min(tl.tz, nz - z0), axes, n_axes, buf);
+          }
+          if (x - 1 > x0) {
+            const int b = slot(c, x0, x - 1);
+            write_back(tl, x - 1, planes + b * plane, written.data() + b * tl.count());
+          }
+        }
+      }
+#pragma omp for schedule(static)
+      for (int c = 0; c < chunks; ++c) {
+        const int x0 = first(c), last = first(c + 1) - 1;  // chunks <= nx: x0 <= last
+        for (int x : {x0, last}) {
+          const int b = slot(c, x0, x);
+          write_back(tl, x, planes + b * plane, written.data() + b * tl.count());
+          if (last == x0) break;
+        }
       }
       convert_pass();
       share_pass();
       gather_pass();
     }
+  }
+
+  // Runs of x-planes the stream-collide pass splits the grid into (one per
+  // thread, at most one per plane); lbm_jax._native.free_surface_chunks.
+  static int chunks(int64_t threads, int nx) {
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, nx)));
   }
 
   static ffi::Error call(ffi::AnyBuffer f_in, ffi::AnyBuffer flags_in,
@@ -325,11 +401,13 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                          ffi::Result<ffi::AnyBuffer> carry_out,
                          ffi::Result<ffi::AnyBuffer> floats,
                          ffi::Result<ffi::AnyBuffer> bytes,
-                         ffi::Result<ffi::AnyBuffer> ints, float omega, float cp,
+                         ffi::Result<ffi::AnyBuffer> ints,
+                         ffi::Result<ffi::AnyBuffer> planes, float omega, float cp,
                          float cm, float fill_limit, float gas_factor,
                          ffi::Span<const float> gravity, int64_t passes,
                          int64_t threads) {
     (void)flags_in, (void)mass_in, (void)carry_in;  // aliased with the results
+    // f_in and g_out alias too: the step runs in place
     auto dims = f_in.dimensions();
     if (f_in.element_type() != S::kType || g_out->element_type() != S::kType ||
         dims.size() != static_cast<size_t>(D) + 1 || dims[1] != Q)
@@ -349,11 +427,14 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         carry_out->element_count() != s.cells ||
         floats->element_count() != kFloats * s.cells ||
         bytes->element_count() != s.cells + 2 * static_cast<size_t>(s.rows) ||
-        ints->element_count() != 4 * static_cast<size_t>(s.rows) ||
-        gravity.size() != static_cast<size_t>(D) || passes < 0)
+        ints->element_count() != 6 * static_cast<size_t>(s.rows) ||
+        gravity.size() != static_cast<size_t>(D) || passes < 0 ||
+        f_in.untyped_data() != g_out->untyped_data() ||
+        planes->element_type() != S::kType ||
+        planes->element_count() != 3 * s.plane * chunks(threads, s.nx))
       return ffi::Error::InvalidArgument(
           "lbm_free_surface: flags (int8), mass, carry (float32) or scratch arrays "
-          "have the wrong dtype or size");
+          "have the wrong dtype or size, or the populations are not aliased");
     s.p = Params{omega, cp, cm, fill_limit, gas_factor, {0.0f, 0.0f, 0.0f},
                  static_cast<int>(passes), false};
     for (int a = 0; a < D; ++a) {
@@ -372,7 +453,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     s.row2 = s.row + s.rows;
     int32_t* ip = static_cast<int32_t*>(ints->untyped_data());
     s.lo = ip, s.hi = ip + s.rows, s.blo = ip + 2 * s.rows, s.bhi = ip + 3 * s.rows;
-    s.run(static_cast<int>(threads));
+    s.llo = ip + 4 * s.rows, s.lhi = ip + 5 * s.rows;
+    s.run(static_cast<int>(threads), chunks(threads, s.nx),
+          static_cast<T*>(planes->untyped_data()));
     return ffi::Error::Success();
   }
 };
@@ -386,6 +469,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                                     .Arg<ffi::AnyBuffer>()                   \
                                     .Arg<ffi::AnyBuffer>()                   \
                                     .Arg<ffi::AnyBuffer>()                   \
+                                    .Ret<ffi::AnyBuffer>()                   \
                                     .Ret<ffi::AnyBuffer>()                   \
                                     .Ret<ffi::AnyBuffer>()                   \
                                     .Ret<ffi::AnyBuffer>()                   \

@@ -61,7 +61,7 @@ struct FreeSurfaceGrid {
   int8_t* flags;
   float *mass, *carry, *fs[kFloats], *grad[3];
   uint8_t *work, *row, *row2;
-  int32_t *lo, *hi, *blo, *bhi;
+  int32_t *lo, *hi, *blo, *bhi, *llo, *lhi;  // interface, band and liquid z ranges
   float rest[Q];
 
   size_t cell(int x, int y, int z) const {
@@ -97,10 +97,11 @@ struct FreeSurfaceGrid {
     for (int r = 0; r < rows; ++r) {
       const int x = r / ny, y = r % ny;
       uint8_t bits = 0;
-      int first = nz, last = -1;
+      int first = nz, last = -1, wet = nz, dry = 0;
       for (int z = 0; z < nz; ++z) {
         const size_t c = cell(x, y, z);
         const int8_t fl = flags[c];
+        if (fl == kFluid || fl == kInterface) wet = std::min(wet, z), dry = z + 1;
         if (fl == kFluid) bits |= kRowLiquid;
         if (fl != kInterface) continue;
         bits |= kRowI | kRowLiquid;
@@ -114,6 +115,8 @@ struct FreeSurfaceGrid {
       row[r] = bits;
       lo[r] = first;
       hi[r] = last + 1;
+      llo[r] = wet;
+      lhi[r] = dry;
     }
   }
 

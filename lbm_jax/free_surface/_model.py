@@ -196,7 +196,8 @@ class FreeSurface:
         Cells with ``phi = 1`` are fluid, ``0`` gas, in between interface; fluid
         cells next to gas become interface cells (full), so that fluid never
         touches gas. Solid cells are solid whatever ``phi`` says. The mass is
-        ``phi rho``.
+        ``phi rho``. Gas and solid cells hold the rest equilibrium (``rho = 1``,
+        ``u = 0``), as every step leaves them.
 
         Args:
             phi: Fill level in ``[0, 1]``, grid-shaped.
@@ -218,12 +219,17 @@ class FreeSurface:
         if not np.any(p > 0):
             raise ValueError("phi holds no liquid (every cell is empty or solid).")
         fluid = self.sim.init(rho, u)
+        rest = self.sim.init()
         flags = np.where(p > 0, Flag.INTERFACE, Flag.GAS)
         flags = np.where(p >= 1.0, Flag.FLUID, flags)
         gas = jnp.asarray(flags == Flag.GAS, jnp.float32)
         gas_near = np.asarray(neighbour_sum(self.sim.lattice, gas)) > 0
         flags = np.where((flags == Flag.FLUID) & gas_near, Flag.INTERFACE, flags)
         flags = np.where(solid, Flag.SOLID, flags).astype(np.int8)
+        liquid = (flags == Flag.FLUID) | (flags == Flag.INTERFACE)
+        # populations in the kernel layout (X, Q, ...)
+        f = jnp.where(jnp.asarray(liquid)[:, None], fluid.f, rest.f)
+        fluid = LBMState(f=f, t=fluid.t)
         rho_arr = np.broadcast_to(np.asarray(rho, np.float64), shape)
         dtype = self.sim.storage.compute_dtype
         return FreeSurfaceState(

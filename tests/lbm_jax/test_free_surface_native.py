@@ -20,8 +20,9 @@ import pytest
 import lbm_jax
 from lbm_jax import _native
 from lbm_jax.cases import prepare_case
-from lbm_jax.cases.free_surface import build
+from lbm_jax.cases.free_surface import _walls, build
 from lbm_jax.free_surface import FreeSurface, sphere_fill
+from lbm_jax.free_surface._state import FILL_MARGIN, Flag
 
 pytestmark = pytest.mark.skipif(
     not _native.available(), reason="the native library cannot be built here"
@@ -34,6 +35,8 @@ CASES = {
     "wave-2d": ("D2Q9", (64, 40), "fp32", (0.0, 0.0), "wave"),
     "static-drop-3d": ("D3Q19", (24, 24, 24), "fp32", (0.0, 0.0, 0.0), "static"),
     "falling-drop-3d-fp16s": ("D3Q19", (20, 18, 22), "fp16s", (0, 0, -1e-4), "drop"),
+    # a floor and a ceiling (solid cells), as the impact cases have
+    "drop-on-a-floor-3d": ("D3Q19", (16, 14, 20), "fp32", (0, 0, -1e-4), "walls"),
 }
 # absolute tolerances of (populations, mass) per storage (see the docstring)
 TOLERANCE = {"fp32": (1e-6, 1e-5), "fp16s": (1e-4, 5e-4)}
@@ -51,6 +54,8 @@ def _fill(shape: tuple[int, ...], flow: str) -> tuple[np.ndarray, list[float]]:
         return np.clip(top - z + 0.5, 0.0, 1.0), [0.0] * d
     pool = np.zeros(shape)
     pool[..., : n // 4] = 1.0
+    if flow == "walls":
+        pool[..., : n // 2] = 1.0
     drop = sphere_fill(shape, [s / 2 for s in shape[:-1]] + [0.6 * n], 6.0)
     return np.maximum(pool, drop), [0.0] * (d - 1) + [-0.03]
 
@@ -67,7 +72,10 @@ def pairs():
     """Per case: the states of the XLA and native steps after STEPS steps."""
     out = {}
     for name, (lattice, shape, storage, gravity, flow) in CASES.items():
-        sim = lbm_jax.Simulation(lattice, shape, tau=0.8, storage=storage)
+        walls = _walls(shape) if flow == "walls" else None
+        sim = lbm_jax.Simulation(
+            lattice, shape, tau=0.8, storage=storage, cell_type=walls
+        )
         phi, u = _fill(shape, flow)
         states = {}
         for kernel in ("xla", "native"):
@@ -103,6 +111,56 @@ def test_native_step_matches_the_xla_step(pairs, name):
     total = _exact_mass(state0)
     for state in (native, xla):
         assert abs(_exact_mass(state) / total - 1) < 1e-7, _exact_mass(state) - total
+
+
+def test_gas_and_solid_cells_hold_the_rest_populations(pairs):
+    # the native step writes only the liquid's cells: the others must hold the
+    # rest populations from the start (FreeSurface.init) and keep them
+    _, state0, _, native = pairs["drop-on-a-floor-3d"]
+    policy = lbm_jax.get_storage("fp32")
+    for state in (state0, native):
+        flags = np.asarray(state.flags)
+        f = np.moveaxis(np.asarray(state.fluid.f), 1, 0)  # (Q, *grid)
+        dry = (flags == Flag.GAS) | (flags == Flag.SOLID)
+        assert np.any(flags == Flag.SOLID) and np.any(flags == Flag.GAS)
+        assert policy.shift and np.all(f[:, dry] == 0), "rest: shifted zeros"
+
+
+def _native_step(shape: tuple[int, ...], threads: int):
+    sim = lbm_jax.Simulation("D3Q19", shape, tau=0.8, cell_type=_walls(shape))
+    return sim, _native.make_native_free_surface_step(
+        sim.lattice,
+        sim.storage,
+        sim.collision,
+        shape,
+        sigma=0.01,
+        gravity=(0.0, 0.0, -1e-4),
+        smoothing=2,
+        fill_limit=1 + FILL_MARGIN,
+        threads=threads,
+    )
+
+
+@pytest.mark.parametrize("shape", [(5, 9, 12), (13, 8, 12)])
+def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
+    # the step runs in place, in runs of x-planes (one per thread, at most one
+    # per plane) whose first and last planes are written after all runs: any
+    # split gives the same bits, and an input still in use is not overwritten
+    results = []
+    for threads in (1, 2, 5):
+        sim, step = _native_step(shape, threads)
+        fs = FreeSurface(sim, sigma=0.01, gravity=(0.0, 0.0, -1e-4))
+        phi, u = _fill(shape, "walls")
+        s = fs.init(phi, u=u)
+        args = (s.fluid.f, s.flags, s.mass, s.carry)
+        before = [np.asarray(a).copy() for a in args]
+        out = jax.jit(lambda *a, step=step: step(*step(*a)))(*args)
+        for a, b in zip(args, before, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)
+        results.append([np.asarray(a) for a in out])
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_native_step_conserves_mass_over_a_run():
