@@ -533,7 +533,7 @@ def make_native_free_surface_step(
         grid,
         jax.ShapeDtypeStruct((FREE_SURFACE_SCRATCH * cells,), jnp.float32),
         jax.ShapeDtypeStruct((cells + 2 * rows,), jnp.uint8),
-        jax.ShapeDtypeStruct((6 * rows,), jnp.int32),
+        jax.ShapeDtypeStruct((8 * rows,), jnp.int32),
     )
     n = threads or default_threads()
     # three plane buffers per run of x-planes (``chunks`` in the source)

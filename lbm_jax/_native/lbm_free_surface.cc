@@ -6,8 +6,9 @@
 //
 //   0. fill: the fill level phi = m / rho of the interface cells (rho from
 //      their stored populations) and, per row (x, y), which cells it holds;
-//   C. curvature fields: the smoothed fill and its gradient, computed only on
-//      the rows (and z ranges) within reach of an interface cell;
+//   C. curvature fields: the unit normal of the smoothed fill, computed only
+//      on the rows (and z ranges) within reach of an interface cell, by one
+//      separable filter per axis (three passes over that band);
 //   1. stream-collide: pull streaming with bounce-back from solid cells and
 //      the gas reconstruction on interface cells (their curvature from the
 //      gradient fields), the mass exchange (compensated sum), BGK collision
@@ -56,7 +57,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   static constexpr int D = L::D;
   using B::nx; using B::ny; using B::nz; using B::rows; using B::cells;
   using B::plane; using B::p; using B::f; using B::g; using B::flags;
-  using B::mass; using B::carry; using B::fs; using B::grad; using B::work;
+  using B::mass; using B::carry; using B::fs; using B::work;
   using B::row; using B::row2; using B::lo; using B::hi; using B::blo;
   using B::bhi; using B::llo; using B::lhi; using B::rest; using B::cell; using B::pop; using B::up;
   using B::cx; using B::cy; using B::cz; using B::equilibrium; using B::curvature;
@@ -133,7 +134,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     (void)x;
     const int ys = wrap(y - cy(i), ny);
     const From* src = src_plane + ys * row_stride;
-    const int start = ((z0 - cz(i)) % nz + nz) % nz;
+    const int start = wrap(z0 - cz(i), nz);  // z0 < nz, |cz| <= 1
     const int first = tz < nz - start ? tz : nz - start;
     copy(src + start, dst, first);
     copy(src, dst + first, tz - first);
@@ -427,7 +428,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         carry_out->element_count() != s.cells ||
         floats->element_count() != kFloats * s.cells ||
         bytes->element_count() != s.cells + 2 * static_cast<size_t>(s.rows) ||
-        ints->element_count() != 6 * static_cast<size_t>(s.rows) ||
+        ints->element_count() != 8 * static_cast<size_t>(s.rows) ||
         gravity.size() != static_cast<size_t>(D) || passes < 0 ||
         f_in.untyped_data() != g_out->untyped_data() ||
         planes->element_type() != S::kType ||
@@ -454,6 +455,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     int32_t* ip = static_cast<int32_t*>(ints->untyped_data());
     s.lo = ip, s.hi = ip + s.rows, s.blo = ip + 2 * s.rows, s.bhi = ip + 3 * s.rows;
     s.llo = ip + 4 * s.rows, s.lhi = ip + 5 * s.rows;
+    s.tlo = ip + 6 * s.rows, s.thi = ip + 7 * s.rows;
     s.run(static_cast<int>(threads), chunks(threads, s.nx),
           static_cast<T*>(planes->untyped_data()));
     return ffi::Error::Success();

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "lbm_codecs.h"
 
@@ -25,6 +26,8 @@ constexpr uint8_t kFlag = 3, kToFluid = 4, kToGas = 8, kShares = 16, kKeeps = 32
 constexpr uint8_t kRowI = 1, kRowLiquid = 2, kRowToFluid = 4, kRowToGas = 8;
 // float scratch arrays (each one value per cell)
 enum { kPhi, kA, kB, kG0, kG1, kG2, kRho, kU0, kU1, kU2, kExcess, kShare, kFloats };
+// the curvature's intermediate fields, in arrays that passes 1-2 fill only later
+enum { kZs = kB, kZd = kExcess, kY1 = kRho, kY2 = kU0, kY3 = kU1 };
 
 struct Params {
   float omega, cp, cm, fill_limit, gas_factor;  // gas_factor: 3 (D - 1) sigma
@@ -59,9 +62,10 @@ struct FreeSurfaceGrid {
   const T* f;
   T* g;
   int8_t* flags;
-  float *mass, *carry, *fs[kFloats], *grad[3];
+  float *mass, *carry, *fs[kFloats];
   uint8_t *work, *row, *row2;
-  int32_t *lo, *hi, *blo, *bhi, *llo, *lhi;  // interface, band and liquid z ranges
+  // per row: interface, band, liquid z ranges; the band's y-window extremes
+  int32_t *lo, *hi, *blo, *bhi, *llo, *lhi, *tlo, *thi;
   float rest[Q];
 
   size_t cell(int x, int y, int z) const {
@@ -121,21 +125,31 @@ struct FreeSurfaceGrid {
   }
 
   // ------------------------------------------------------------ C: curvature
-  // The rows (and z ranges) the curvature fields are computed on: within reach
-  // (the stencils' radius, margin included) of an interface cell.
+  // The z ranges of the rows the curvature fields are computed on (the band):
+  // within reach (the stencils' radius, margin included) of an interface cell.
+  // The window's extremes are taken separably: along y (into tlo, thi), then x.
   void band() {
     const int reach = p.passes + 3;
     const int ry = D == 3 ? std::min(reach, (ny - 1) / 2) : 0;
     const int rx = std::min(reach, (nx - 1) / 2);
 #pragma omp for schedule(static)
+    for (int r = 0; r < rows; ++r) {  // a row without interface: lo = nz, hi = 0
+      const int x = r / ny, y = r % ny;
+      int first = nz, last = 0;
+      for (int dy = -ry; dy <= ry; ++dy) {
+        const int s = x * ny + wrap(y + dy, ny);
+        first = std::min(first, lo[s]), last = std::max(last, hi[s]);
+      }
+      tlo[r] = first, thi[r] = last;
+    }
+#pragma omp for schedule(static)
     for (int r = 0; r < rows; ++r) {
       const int x = r / ny, y = r % ny;
       int first = nz, last = 0;
-      for (int dx = -rx; dx <= rx; ++dx)
-        for (int dy = -ry; dy <= ry; ++dy) {
-          const int s = wrap(x + dx, nx) * ny + wrap(y + dy, ny);
-          if (lo[s] < hi[s]) first = std::min(first, lo[s]), last = std::max(last, hi[s]);
-        }
+      for (int dx = -rx; dx <= rx; ++dx) {
+        const int s = wrap(x + dx, nx) * ny + y;
+        first = std::min(first, tlo[s]), last = std::max(last, thi[s]);
+      }
       if (first >= last) {
         blo[r] = bhi[r] = 0;
       } else if (first - reach < 1 || last + reach > nz - 1) {
@@ -146,43 +160,60 @@ struct FreeSurfaceGrid {
     }
   }
 
-  // out = 0.25 (in(c - e) + in(c + e)) + 0.5 in(c) (smooth), or
-  // 0.5 (in(c + e) - in(c - e)) (ddx), along axis `ax`, on the band.
-  void axis_pass(const float* in, float* out, int ax, bool smooth) {
-#pragma omp for schedule(dynamic, 16)
-    for (int r = 0; r < rows; ++r) {
-      const int z0 = blo[r], z1 = bhi[r];
-      if (z0 >= z1) continue;
-      const int x = r / ny, y = r % ny;
-      const float* mid = in + cell(x, y, 0);
-      float* o = out + cell(x, y, 0);
-      if (ax == 2) {
-        auto at = [&](int z, float m, float pl) {
-          o[z] = smooth ? 0.25f * (m + pl) + 0.5f * mid[z] : 0.5f * (pl - m);
-        };
-        const int a = std::max(z0, 1), b = std::min(z1, nz - 1);
-        for (int z = a; z < b; ++z) at(z, mid[z - 1], mid[z + 1]);
-        if (z0 == 0) at(0, mid[nz - 1], mid[nz > 1 ? 1 : 0]);
-        if (z1 == nz && nz > 1) at(nz - 1, mid[nz - 2], mid[0]);
-        continue;
-      }
-      const float *m, *pl;
-      if (ax == 0) {
-        m = in + cell(wrap(x - 1, nx), y, 0), pl = in + cell(wrap(x + 1, nx), y, 0);
-      } else {
-        m = in + cell(x, wrap(y - 1, ny), 0), pl = in + cell(x, wrap(y + 1, ny), 0);
-      }
-      if (smooth) {
-        for (int z = z0; z < z1; ++z) o[z] = 0.25f * (m[z] + pl[z]) + 0.5f * mid[z];
-      } else {
-        for (int z = z0; z < z1; ++z) o[z] = 0.5f * (pl[z] - m[z]);
-      }
+  static int mod(int v, int n) {
+    v %= n;
+    return v < 0 ? v + n : v;
+  }
+
+  // The smoothed gradient (lbm_jax.free_surface.curvature, "smoothed": the
+  // fill smoothed `passes` times by s = (1/4, 1/2, 1/4) along every axis, the
+  // central difference d = (-1/2, 0, 1/2) along axis k, then s along the other
+  // axes) is separable: d s^passes along k, s^(passes + 1) along the others,
+  // kernels 2 h + 1 wide, h = passes + 1. Into `smooth` and `diff`, exact.
+  void kernels(float* smooth, float* diff) const {
+    const int h = p.passes + 1;
+    std::vector<double> b(1, 1.0);  // s^(h - 1), 2 h - 1 wide
+    for (int q = 0; q + 1 < h; ++q) {
+      std::vector<double> c(b.size() + 2, 0.0);
+      for (size_t j = 0; j < b.size(); ++j)
+        c[j] += 0.25 * b[j], c[j + 1] += 0.5 * b[j], c[j + 2] += 0.25 * b[j];
+      b.swap(c);
+    }
+    for (int j = 0; j < 2 * h + 1; ++j) {
+      const double at = j < 2 * h - 1 ? b[j] : 0.0, before = j >= 2 ? b[j - 2] : 0.0;
+      const double mid = j >= 1 && j < 2 * h ? b[j - 1] : 0.0;
+      smooth[j] = static_cast<float>(0.25 * at + 0.5 * mid + 0.25 * before);
+      diff[j] = static_cast<float>(0.5 * (before - at));
     }
   }
 
-  // The gradient of the smoothed fill field (lbm_jax.free_surface.curvature,
-  // "smoothed"), along the k-th of the axes into grad[k].
-  void curvature_fields(int axes[3], int n_axes) {
+  // out[z] = sum_j k[j] in_j[z], z0 <= z < z1, for the w rows in_j (w = W when
+  // W > 0: the taps unrolled, the cells vectorised).
+  template <int W>
+  static void row_sum(const float* const* in, const float* k, int w, float* out, int z0,
+                      int z1) {
+    const int taps = W > 0 ? W : w;
+    for (int z = z0; z < z1; ++z) {
+      float sum = k[0] * in[0][z];
+      for (int j = 1; j < taps; ++j) sum = sum + k[j] * in[j][z];
+      out[z] = sum;
+    }
+  }
+  static void row_sum(const float* const* in, const float* k, int w, float* out, int z0,
+                      int z1) {
+    switch (w) {  // smoothing 0 to 3 passes
+      case 3: return row_sum<3>(in, k, w, out, z0, z1);
+      case 5: return row_sum<5>(in, k, w, out, z0, z1);
+      case 7: return row_sum<7>(in, k, w, out, z0, z1);
+      case 9: return row_sum<9>(in, k, w, out, z0, z1);
+      default: return row_sum<0>(in, k, w, out, z0, z1);
+    }
+  }
+
+  // The unit normals of the smoothed fill field on the band, grad[k] along the
+  // k-th of the axes: three passes over the band (z, y, x; 2D lattices: z, x),
+  // the intermediate fields in arrays the later passes fill only afterwards.
+  void curvature_fields(const int axes[3], int n_axes) {
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {  // solid cells: mean fill of their neighbours
       const int x = r / ny, y = r % ny;
@@ -206,41 +237,76 @@ struct FreeSurfaceGrid {
         fs[kA][c] = total / std::max(count, 1.0f);
       }
     }
-    float* a = fs[kA];
-    float* b = fs[kB];
-    for (int pass = 0; pass < p.passes; ++pass)
+    const int h = p.passes + 1, w = 2 * h + 1;
+    std::vector<float> ks(w), kd(w), line(nz + 2 * h);
+    std::vector<const float*> in(w);
+    kernels(ks.data(), kd.data());
+    // z: both kernels on a wrapped copy of the row
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      const int z0 = blo[r], z1 = bhi[r];
+      if (z0 >= z1) continue;
+      const float* a = fs[kA] + static_cast<size_t>(r) * nz;
+      if (h < nz) {
+        for (int z = z0 - h; z < z1 + h; ++z) line[z - z0 + h] = a[wrap(z, nz)];
+      } else {
+        for (int z = z0 - h; z < z1 + h; ++z) line[z - z0 + h] = a[mod(z, nz)];
+      }
+      for (int j = 0; j < w; ++j) in[j] = line.data() + j - z0;
+      row_sum(in.data(), ks.data(), w, fs[kZs] + static_cast<size_t>(r) * nz, z0, z1);
+      row_sum(in.data(), kd.data(), w, fs[kZd] + static_cast<size_t>(r) * nz, z0, z1);
+    }
+    // y (3D): s along y of both, d along y of the smoothed one
+    if (D == 3) {
+#pragma omp for schedule(dynamic, 16)
+      for (int r = 0; r < rows; ++r) {
+        const int z0 = blo[r], z1 = bhi[r];
+        if (z0 >= z1) continue;
+        const int x = r / ny, y = r % ny;
+        const size_t at = static_cast<size_t>(r) * nz;
+        for (int j = 0; j < w; ++j) in[j] = fs[kZs] + cell(x, mod(y + j - h, ny), 0);
+        row_sum(in.data(), ks.data(), w, fs[kY1] + at, z0, z1);
+        row_sum(in.data(), kd.data(), w, fs[kY2] + at, z0, z1);
+        for (int j = 0; j < w; ++j) in[j] = fs[kZd] + cell(x, mod(y + j - h, ny), 0);
+        row_sum(in.data(), ks.data(), w, fs[kY3] + at, z0, z1);
+      }
+    }
+    // x: the gradient, then normalised
+    const float* src[3] = {D == 3 ? fs[kY1] : fs[kZs], fs[kY2], D == 3 ? fs[kY3] : fs[kZd]};
+    const int which[3] = {0, D == 3 ? 1 : 2, 2};  // grad[k] from src[which[k]]
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      const int z0 = blo[r], z1 = bhi[r];
+      if (z0 >= z1) continue;
+      const int x = r / ny, y = r % ny;
+      const size_t at = static_cast<size_t>(r) * nz;
       for (int k = 0; k < n_axes; ++k) {
-        axis_pass(a, b, axes[k], true);
-        std::swap(a, b);
+        for (int j = 0; j < w; ++j) in[j] = src[which[k]] + cell(mod(x + j - h, nx), y, 0);
+        row_sum(in.data(), k == 0 ? kd.data() : ks.data(), w, fs[kG0 + k] + at, z0, z1);
       }
-    float* gk[3] = {fs[kG0], fs[kG1], fs[kG2]};
-    for (int k = 0; k < n_axes; ++k) axis_pass(a, gk[k], axes[k], false);
-    float* tmp = b;  // every thread swaps its own pointers alike
-    for (int k = 0; k < n_axes; ++k)
-      for (int m = 0; m < n_axes; ++m) {
-        if (m == k) continue;
-        axis_pass(gk[k], tmp, axes[m], true);
-        std::swap(gk[k], tmp);
+      float* __restrict g0 = fs[kG0] + at;
+      float* __restrict g1 = fs[kG1] + at;
+      float* __restrict g2 = fs[kG2] + at;
+      for (int z = z0; z < z1; ++z) {
+        const float sq = (g0[z] * g0[z] + g1[z] * g1[z]) + (D == 3 ? g2[z] * g2[z] : 0.0f);
+        const float norm = std::max(std::sqrt(sq), 1e-12f);
+        g0[z] = g0[z] / norm, g1[z] = g1[z] / norm;
+        if (D == 3) g2[z] = g2[z] / norm;
       }
-#pragma omp single
-    for (int k = 0; k < 3; ++k) grad[k] = gk[k];
+    }
   }
 
-  // The mean curvature at interface cell (x, y, z), clamped to [-1, 1].
+  // The mean curvature at interface cell (x, y, z), clamped to [-1, 1]: the
+  // divergence of the normals (central differences).
   float curvature(int x, int y, int z, const int axes[3], int n_axes) const {
-    auto normal = [&](size_t c, int k) {
-      float sq = 0.0f;
-      for (int m = 0; m < n_axes; ++m) sq = sq + grad[m][c] * grad[m][c];
-      return grad[k][c] / std::max(std::sqrt(sq), 1e-12f);
-    };
     float kappa = 0.0f;
     for (int k = 0; k < n_axes; ++k) {
       int lo_[3] = {x, y, z}, hi_[3] = {x, y, z};
       const int n[3] = {nx, ny, nz};
       lo_[axes[k]] = wrap(lo_[axes[k]] - 1, n[axes[k]]);
       hi_[axes[k]] = wrap(hi_[axes[k]] + 1, n[axes[k]]);
-      const float dn = normal(cell(hi_[0], hi_[1], hi_[2]), k) -
-                       normal(cell(lo_[0], lo_[1], lo_[2]), k);
+      const float dn = fs[kG0 + k][cell(hi_[0], hi_[1], hi_[2])] -
+                       fs[kG0 + k][cell(lo_[0], lo_[1], lo_[2])];
       kappa = kappa + 0.5f * dn;
     }
     kappa = kappa / static_cast<float>(D - 1);
