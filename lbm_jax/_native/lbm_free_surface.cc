@@ -60,7 +60,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   using B::mass; using B::carry; using B::fs; using B::work;
   using B::row; using B::row2; using B::lo; using B::hi; using B::blo;
   using B::bhi; using B::llo; using B::lhi; using B::rest; using B::cell; using B::pop; using B::up;
-  using B::cx; using B::cy; using B::cz; using B::equilibrium; using B::curvature;
+  using B::cx; using B::cy; using B::cz; using B::equilibrium; using B::curvature_pass;
   using B::fill_pass; using B::band; using B::curvature_fields; using B::convert_pass; using B::share_pass;
   using B::gather_pass;
 
@@ -142,8 +142,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
 
   // Interface cell k of the tile: exchanged mass (with the phi weights), has
   // gas/fluid neighbours and the gas reconstruction of the pulled populations.
-  void interface_cell(Tile& t, int n, int k, int x, int y, int z, const int axes[3],
-                      int n_axes) const {
+  void interface_cell(Tile& t, int n, int k, int x, int y, int z) const {
     const size_t c = cell(x, y, z);
     const float phi = fs[kPhi][c];
     float dm = 0.0f, s0 = 0.0f, j0[3] = {0.0f, 0.0f, 0.0f};
@@ -169,7 +168,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     t.gas[k] = gas;
     t.fluid[k] = fluid;
     if (!gas) return;
-    const float rho_gas = 1.0f - p.gas_factor * curvature(x, y, z, axes, n_axes);
+    const float rho_gas = 1.0f - p.gas_factor * fs[kKappa][c];
     const float rho0 = s0 + 1.0f;
     float u0[3], feq[Q];
     for (int a = 0; a < D; ++a) u0[a] = j0[a] / rho0;
@@ -215,8 +214,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // The cells (x, y0 .. y0 + ty - 1, z0 .. z0 + tz - 1): their new populations
   // into the plane buffer `out` (layout (Q, Y, Z)), their mass exchange, work
   // bytes and conversion marks.
-  void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const int axes[3],
-            int n_axes, T* out) {
+  void tile(Tile& t, int x, int y0, int ty, int z0, int tz, T* out) {
     const int n = ty * tz;
     uint8_t* kind = t.kind.data();
     bool liquid = false;
@@ -239,16 +237,31 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
       }
       std::fill(t.dm.begin(), t.dm.begin() + n, 0.0f);
       links(t, n);
-      for (int r = 0; r < ty; ++r)
-        for (int z = 0; z < tz; ++z) {
-          const int k = r * tz + z;
-          if (kind[k] == kInterface)
-            interface_cell(t, n, k, x, y0 + r, z0 + z, axes, n_axes);
-          if (kind[k] == kInterface || kind[k] == kFluid) {
-            const size_t c = cell(x, y0 + r, z0 + z);
-            two_sum(mass[c], carry[c], t.dm[k]);
-          }
+      for (int r = 0; r < ty; ++r) {
+        if (!(row[x * ny + y0 + r] & kRowI)) continue;
+        for (int z = 0; z < tz; ++z)
+          if (kind[r * tz + z] == kInterface)
+            interface_cell(t, n, r * tz + z, x, y0 + r, z0 + z);
+      }
+      for (int r = 0; r < ty; ++r) {  // mass += dm in the liquid (compensated)
+        float* m = mass + cell(x, y0 + r, z0);
+        float* e = carry + cell(x, y0 + r, z0);
+        const float* dm = t.dm.data() + r * tz;
+        const uint8_t* fl = kind + r * tz;
+        int z = 0;
+        for (; z + 8 <= tz; z += 8) {
+          const __m256 a = _mm256_loadu_ps(m + z), b = _mm256_loadu_ps(dm + z);
+          const __m256 total = _mm256_add_ps(a, b), back = _mm256_sub_ps(total, a);
+          const __m256 err = _mm256_add_ps(_mm256_sub_ps(a, _mm256_sub_ps(total, back)),
+                                           _mm256_sub_ps(b, back));
+          const __m256 liquid = is8(fl + z, kFluid, kInterface);
+          const __m256 c = _mm256_loadu_ps(e + z);
+          _mm256_storeu_ps(m + z, _mm256_blendv_ps(a, total, liquid));
+          _mm256_storeu_ps(e + z, _mm256_blendv_ps(c, _mm256_add_ps(c, err), liquid));
         }
+        for (; z < tz; ++z)
+          if (fl[z] == kInterface || fl[z] == kFluid) two_sum(m[z], e[z], dm[z]);
+      }
       int k = 0;
       if (p.gravity) {
         for (; k + 8 <= n; k += 8) collide<Avx, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
@@ -296,14 +309,14 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // the rest populations already: they keep them); returns that range, empty
   // (z1 <= z0) when the tile holds no liquid. Every cell's work byte is its flag.
   std::pair<int, int> liquid_tile(Tile& t, int x, int y0, int ty, int z0, int tz,
-                                  const int axes[3], int n_axes, T* out) {
+                                  T* out) {
     int a = z0 + tz, b = z0;
     for (int r = 0; r < ty; ++r) {
       const int s = x * ny + y0 + r;
       std::memcpy(work + cell(x, y0 + r, z0), flags + cell(x, y0 + r, z0), tz);
       a = std::min(a, std::max(llo[s], z0)), b = std::max(b, std::min(lhi[s], z0 + tz));
     }
-    if (a < b) tile(t, x, y0, ty, a, b - a, axes, n_axes, out);
+    if (a < b) tile(t, x, y0, ty, a, b - a, out);
     return {a, b};
   }
 
@@ -354,6 +367,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
       fill_pass();
       band();
       curvature_fields(axes, n_axes);
+      curvature_pass(axes, n_axes);
       Tile t(tl.ty * tl.tz);
 #pragma omp for schedule(static)
       for (int c = 0; c < chunks; ++c) {
@@ -365,7 +379,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
             const int y0 = (k / tl.tiles_z) * tl.ty, z0 = (k % tl.tiles_z) * tl.tz;
             written[s * tl.count() + k] =
                 liquid_tile(t, x, y0, std::min(tl.ty, ny - y0), z0,
-                            std::min(tl.tz, nz - z0), axes, n_axes, buf);
+                            std::min(tl.tz, nz - z0), buf);
           }
           if (x - 1 > x0) {
             const int b = slot(c, x0, x - 1);

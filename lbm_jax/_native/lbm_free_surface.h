@@ -27,7 +27,7 @@ constexpr uint8_t kRowI = 1, kRowLiquid = 2, kRowToFluid = 4, kRowToGas = 8;
 // float scratch arrays (each one value per cell)
 enum { kPhi, kA, kB, kG0, kG1, kG2, kRho, kU0, kU1, kU2, kExcess, kShare, kFloats };
 // the curvature's intermediate fields, in arrays that passes 1-2 fill only later
-enum { kZs = kB, kZd = kExcess, kY1 = kRho, kY2 = kU0, kY3 = kU1 };
+enum { kZs = kB, kZd = kExcess, kY1 = kRho, kY2 = kU0, kY3 = kU1, kKappa = kA };
 
 struct Params {
   float omega, cp, cm, fill_limit, gas_factor;  // gas_factor: 3 (D - 1) sigma
@@ -292,6 +292,20 @@ struct FreeSurfaceGrid {
         const float norm = std::max(std::sqrt(sq), 1e-12f);
         g0[z] = g0[z] / norm, g1[z] = g1[z] / norm;
         if (D == 3) g2[z] = g2[z] / norm;
+      }
+    }
+  }
+
+  // The curvature of every interface cell into fs[kKappa] (the fill's array,
+  // free again), row by row: the normals' loads stream.
+  void curvature_pass(const int axes[3], int n_axes) {
+#pragma omp for schedule(dynamic, 16)
+    for (int r = 0; r < rows; ++r) {
+      if (!(row[r] & kRowI)) continue;
+      const int x = r / ny, y = r % ny;
+      for (int z = lo[r]; z < hi[r]; ++z) {
+        const size_t c = cell(x, y, z);
+        if (flags[c] == kInterface) fs[kKappa][c] = curvature(x, y, z, axes, n_axes);
       }
     }
   }
