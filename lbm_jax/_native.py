@@ -536,10 +536,12 @@ def make_native_free_surface_step(
         jax.ShapeDtypeStruct((8 * rows,), jnp.int32),
     )
     n = threads or default_threads()
-    # three plane buffers per run of x-planes (``chunks`` in the source)
+    # per run of x-planes (``chunks`` in the source), four copies of a plane's
+    # slices of the directions that leave it upwards (as many leave downwards)
     chunks = max(1, min(n, shape[0]))
-    planes = 3 * chunks * math.prod(full[1:])
-    out_types += (jax.ShapeDtypeStruct((planes,), storage.storage_dtype),)
+    crossing = int(np.sum(lattice.c[:, 0] == 1))
+    saved = 4 * chunks * crossing * math.prod(shape[1:])
+    out_types += (jax.ShapeDtypeStruct((saved,), storage.storage_dtype),)
     call = jax.ffi.ffi_call(
         target, out_types, input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3}
     )

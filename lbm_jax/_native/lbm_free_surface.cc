@@ -121,6 +121,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   struct Tile {
     std::vector<float> in, own, dm, rho, u;
     std::vector<uint8_t> fl, gas, fluid, kind;
+    int x = 0, y0 = 0, ty = 0, z0 = 0, tz = 0;  // the box computed, not yet stored
     explicit Tile(int n)
         : in(Q * n), own(Q * n), dm(n), rho(n), u(3 * n), fl(Q * n), gas(n),
           fluid(n), kind(n) {}
@@ -214,8 +215,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // The cells (x, y0 .. y0 + ty - 1, z0 .. z0 + tz - 1): their new populations
   // into the plane buffer `out` (layout (Q, Y, Z)), their mass exchange, work
   // bytes and conversion marks.
-  void tile(Tile& t, int x, int y0, int ty, int z0, int tz, T* out) {
+  void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const T* const* source) {
     const int n = ty * tz;
+    t.x = x, t.y0 = y0, t.ty = ty, t.z0 = z0, t.tz = tz;
     uint8_t* kind = t.kind.data();
     bool liquid = false;
     for (int r = 0; r < ty; ++r) {
@@ -228,8 +230,8 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         for (int r = 0; r < ty; ++r) {
           const int y = y0 + r;
           float* in = t.in.data() + i * n + r * tz;
-          pull(f + xs * plane + i * static_cast<size_t>(ny) * nz, nz, i, x, y, z0, tz,
-               in, [](const T* s, float* d, int m) { decode<S>(s, d, m); });
+          pull(source[i], nz, i, x, y, z0, tz, in,
+               [](const T* s, float* d, int m) { decode<S>(s, d, m); });
           pull(flags + cell(xs, 0, 0), nz, i, x, y, z0, tz, t.fl.data() + i * n + r * tz,
                [](const int8_t* s, uint8_t* d, int m) { std::memcpy(d, s, m); });
           decode<S>(f + pop(i, x, y, z0), t.own.data() + i * n + r * tz, tz);
@@ -290,7 +292,14 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                             __ATOMIC_RELAXED);
       }
     }
-    for (int i = 0; i < Q; ++i) {  // rest populations outside the liquid
+  }
+
+  // Stores the populations of the box tile() computed last into g (gas and
+  // solid cells among them: the rest populations).
+  void store(Tile& t) {
+    const int n = t.ty * t.tz;
+    const uint8_t* kind = t.kind.data();
+    for (int i = 0; i < Q; ++i) {
       float* in = t.in.data() + i * n;
       const __m256 rest8 = _mm256_set1_ps(rest[i]);
       int k = 0;
@@ -299,25 +308,26 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                                                   is8(kind + k, kFluid, kInterface)));
       for (; k < n; ++k)
         if (kind[k] != kFluid && kind[k] != kInterface) in[k] = rest[i];
-      for (int r = 0; r < ty; ++r)
-        encode<S>(in + r * tz, out + (static_cast<size_t>(i) * ny + y0 + r) * nz + z0, tz);
+      for (int r = 0; r < t.ty; ++r)
+        encode<S>(in + r * t.tz, g + pop(i, t.x, t.y0 + r, t.z0), t.tz);
     }
+    t.tz = 0;
   }
 
   // The tile (x, y0 .. y0 + ty - 1, z0 .. z0 + tz - 1) narrowed to the z range
   // of its rows' liquid cells (the cells outside it are gas or solid and hold
-  // the rest populations already: they keep them); returns that range, empty
-  // (z1 <= z0) when the tile holds no liquid. Every cell's work byte is its flag.
-  std::pair<int, int> liquid_tile(Tile& t, int x, int y0, int ty, int z0, int tz,
-                                  T* out) {
+  // the rest populations already: they keep them), into t (t.tz = 0: no
+  // liquid, nothing to store). Every cell's work byte is its flag.
+  void liquid_tile(Tile& t, int x, int y0, int ty, int z0, int tz,
+                   const T* const* source) {
     int a = z0 + tz, b = z0;
     for (int r = 0; r < ty; ++r) {
       const int s = x * ny + y0 + r;
       std::memcpy(work + cell(x, y0 + r, z0), flags + cell(x, y0 + r, z0), tz);
       a = std::min(a, std::max(llo[s], z0)), b = std::max(b, std::min(lhi[s], z0 + tz));
     }
-    if (a < b) tile(t, x, y0, ty, a, b - a, out);
-    return {a, b};
+    t.tz = 0;
+    if (a < b) tile(t, x, y0, ty, a, b - a, source);
   }
 
   // The tiles of x-plane x: k-th at y0 = (k / tiles_z) ty, z0 = (k % tiles_z) tz.
@@ -326,41 +336,48 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     int count() const { return tiles_y * tiles_z; }
   };
 
-  // Copies the written z ranges of the tiles (written[k]) of the plane buffer
-  // `buf` into x-plane x.
-  void write_back(const Tiling& tl, int x, const T* buf,
-                  const std::pair<int, int>* written) {
-    for (int k = 0; k < tl.count(); ++k) {
-      const int z0 = written[k].first, tz = written[k].second - z0;
-      if (tz <= 0) continue;
-      const int y0 = (k / tl.tiles_z) * tl.ty, ty = std::min(tl.ty, ny - y0);
-      for (int i = 0; i < Q; ++i)
-        for (int r = 0; r < ty; ++r) {
-          const size_t at = (static_cast<size_t>(i) * ny + y0 + r) * nz + z0;
-          std::memcpy(g + x * plane + at, buf + at, tz * sizeof(T));
-        }
+  // The directions leaving an x-plane upwards (c_x = 1) and downwards.
+  struct Across {
+    int up[Q], down[Q], n = 0;  // n of each
+    int slot[Q];                // direction i's place in up or down
+    Across() {
+      int d = 0;
+      for (int i = 0; i < Q; ++i) {
+        if (cx(i) == 1) slot[i] = n, up[n++] = i;
+        if (cx(i) == -1) slot[i] = d, down[d++] = i;
+      }
     }
+  };
+
+  // Copies the slices (Y, Z) of x-plane x of the directions `dirs` into buf.
+  void save(int x, const int* dirs, int count, T* buf) const {
+    const size_t slice = static_cast<size_t>(ny) * nz;
+    for (int j = 0; j < count; ++j)
+      std::memcpy(buf + j * slice, f + x * plane + dirs[j] * slice, slice * sizeof(T));
   }
 
-  // Stream-collide in place: the x-planes are split into `chunks` runs of
-  // consecutive planes, each computed in order into plane buffers (three per
-  // chunk: `planes`) and copied back once no plane still to be computed pulls
-  // from the old one: plane x - 1 after plane x, a chunk's first and last
-  // planes (which the neighbouring chunks pull from) after every chunk is done.
-  // Only the liquid's z range of each tile is computed and copied back: gas and
-  // solid cells hold the rest populations already (the step and
+  // Stream-collide in place. The x-planes are split into `chunks` runs of
+  // consecutive planes, each computed in order; a plane's tiles are computed
+  // in rows of tiles and a row is stored once the next row is computed (the
+  // first row last: the last pulls from it). What the old values are still
+  // needed for after that is copied first into `saved` (4 buffers of the
+  // planes' slices of the directions crossing an x-plane, per run): of every
+  // plane, its upward slices (the next plane pulls them); of a run's first and
+  // last planes, the slices the neighbouring runs pull (copied before any run
+  // starts). Only the liquid's z range of each tile is computed and stored:
+  // gas and solid cells hold the rest populations already (the step and
   // FreeSurface.init leave them so).
-  void run(int threads, int chunks, T* planes) {
+  void run(int threads, int chunks, T* saved) {
     const float zero[3] = {0.0f, 0.0f, 0.0f};
     equilibrium(1.0f, zero, rest);
     int axes[3] = {0, 1, 2}, n_axes = 3;
     if (D == 2) axes[1] = 2, n_axes = 2;
-    Tiling tl;
-    tl.ty = nz >= kTileCells ? 1 : (ny < kTileCells / nz ? ny : kTileCells / nz);
-    tl.tz = nz > kTileCells ? kTileCells : nz;
-    tl.tiles_y = (ny + tl.ty - 1) / tl.ty, tl.tiles_z = (nz + tl.tz - 1) / tl.tz;
-    std::vector<std::pair<int, int>> written(static_cast<size_t>(chunks) * 3 * tl.count());
-    auto slot = [&](int c, int x0, int x) { return c * 3 + (x == x0 ? 0 : 1 + (x - x0) % 2); };
+    const int ty = nz >= kTileCells ? 1 : (ny < kTileCells / nz ? ny : kTileCells / nz);
+    const int tz = nz > kTileCells ? kTileCells : nz;
+    const int tiles_y = (ny + ty - 1) / ty, tiles_z = (nz + tz - 1) / tz;
+    const Across across;
+    const size_t part = static_cast<size_t>(across.n) * ny * nz;  // one buffer
+    auto buffer = [&](int c, int k) { return saved + (static_cast<size_t>(c) * 4 + k) * part; };
     auto first = [&](int c) { return static_cast<int>(static_cast<int64_t>(c) * nx / chunks); };
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
@@ -368,32 +385,47 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
       band();
       curvature_fields(axes, n_axes);
       curvature_pass(axes, n_axes);
-      Tile t(tl.ty * tl.tz);
+      // the rows of tiles: the first (stored last), the previous and this one
+      std::vector<Tile> held, last, now;
+      for (int k = 0; k < tiles_z; ++k)
+        held.emplace_back(ty * tz), last.emplace_back(ty * tz), now.emplace_back(ty * tz);
 #pragma omp for schedule(static)
-      for (int c = 0; c < chunks; ++c) {
-        const int x0 = first(c), x1 = first(c + 1);
-        for (int x = x0; x < x1; ++x) {
-          const int s = slot(c, x0, x);
-          T* buf = planes + s * plane;
-          for (int k = 0; k < tl.count(); ++k) {
-            const int y0 = (k / tl.tiles_z) * tl.ty, z0 = (k % tl.tiles_z) * tl.tz;
-            written[s * tl.count() + k] =
-                liquid_tile(t, x, y0, std::min(tl.ty, ny - y0), z0,
-                            std::min(tl.tz, nz - z0), buf);
-          }
-          if (x - 1 > x0) {
-            const int b = slot(c, x0, x - 1);
-            write_back(tl, x - 1, planes + b * plane, written.data() + b * tl.count());
-          }
-        }
+      for (int c = 0; c < chunks; ++c) {  // buffer 0: first plane's downward slices
+        save(first(c), across.down, across.n, buffer(c, 0));
+        save(first(c + 1) - 1, across.up, across.n, buffer(c, 1));  // 1: last's upward
       }
 #pragma omp for schedule(static)
       for (int c = 0; c < chunks; ++c) {
-        const int x0 = first(c), last = first(c + 1) - 1;  // chunks <= nx: x0 <= last
-        for (int x : {x0, last}) {
-          const int b = slot(c, x0, x);
-          write_back(tl, x, planes + b * plane, written.data() + b * tl.count());
-          if (last == x0) break;
+        const int x0 = first(c), x1 = first(c + 1);
+        const int before = (c + chunks - 1) % chunks, after = (c + 1) % chunks;
+        for (int x = x0; x < x1; ++x) {
+          const size_t slice = static_cast<size_t>(ny) * nz;
+          const T* source[Q];
+          for (int i = 0; i < Q; ++i) {
+            const int s = across.slot[i];
+            if (cx(i) == 0) {
+              source[i] = f + x * plane + i * slice;
+            } else if (cx(i) == 1) {  // from plane x - 1, stored already
+              source[i] = (x == x0 ? buffer(before, 1) : buffer(c, 2 + (x - 1) % 2)) + s * slice;
+            } else {  // from plane x + 1, not yet stored unless it starts the next run
+              source[i] = x + 1 == x1 ? buffer(after, 0) + s * slice
+                                      : f + wrap(x + 1, nx) * plane + i * slice;
+            }
+          }
+          if (x + 1 < x1) save(x, across.up, across.n, buffer(c, 2 + x % 2));
+          for (int r = 0; r < tiles_y; ++r) {
+            std::vector<Tile>& row_tiles = r == 0 ? held : now;
+            for (int k = 0; k < tiles_z; ++k) {
+              const int y0 = r * ty, z0 = k * tz;
+              liquid_tile(row_tiles[k], x, y0, std::min(ty, ny - y0), z0,
+                          std::min(tz, nz - z0), source);
+            }
+            if (r >= 2)
+              for (Tile& done : last) if (done.tz > 0) store(done);
+            if (r >= 1) std::swap(last, now);
+          }
+          for (Tile& done : last) if (done.tz > 0) store(done);  // the last row
+          for (Tile& done : held) if (done.tz > 0) store(done);  // the first row
         }
       }
       convert_pass();
@@ -417,7 +449,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                          ffi::Result<ffi::AnyBuffer> floats,
                          ffi::Result<ffi::AnyBuffer> bytes,
                          ffi::Result<ffi::AnyBuffer> ints,
-                         ffi::Result<ffi::AnyBuffer> planes, float omega, float cp,
+                         ffi::Result<ffi::AnyBuffer> saved, float omega, float cp,
                          float cm, float fill_limit, float gas_factor,
                          ffi::Span<const float> gravity, int64_t passes,
                          int64_t threads) {
@@ -445,8 +477,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         ints->element_count() != 8 * static_cast<size_t>(s.rows) ||
         gravity.size() != static_cast<size_t>(D) || passes < 0 ||
         f_in.untyped_data() != g_out->untyped_data() ||
-        planes->element_type() != S::kType ||
-        planes->element_count() != 3 * s.plane * chunks(threads, s.nx))
+        saved->element_type() != S::kType ||
+        saved->element_count() !=
+            4 * static_cast<size_t>(Across().n) * s.ny * s.nz * chunks(threads, s.nx))
       return ffi::Error::InvalidArgument(
           "lbm_free_surface: flags (int8), mass, carry (float32) or scratch arrays "
           "have the wrong dtype or size, or the populations are not aliased");
@@ -471,7 +504,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     s.llo = ip + 4 * s.rows, s.lhi = ip + 5 * s.rows;
     s.tlo = ip + 6 * s.rows, s.thi = ip + 7 * s.rows;
     s.run(static_cast<int>(threads), chunks(threads, s.nx),
-          static_cast<T*>(planes->untyped_data()));
+          static_cast<T*>(saved->untyped_data()));
     return ffi::Error::Success();
   }
 };

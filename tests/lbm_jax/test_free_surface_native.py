@@ -141,18 +141,23 @@ def _native_step(shape: tuple[int, ...], threads: int):
     )
 
 
-@pytest.mark.parametrize("shape", [(5, 9, 12), (13, 8, 12)])
+# one row of tiles per x-plane; several rows; rows of several tiles along z
+@pytest.mark.parametrize("shape", [(5, 9, 12), (13, 8, 12), (4, 48, 24), (3, 5, 1100)])
 def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
     # the step runs in place, in runs of x-planes (one per thread, at most one
-    # per plane) whose first and last planes are written after all runs: any
-    # split gives the same bits, and an input still in use is not overwritten
+    # per plane), each plane in rows of tiles stored one row late, with copies
+    # of what the neighbouring planes and runs still pull: any split gives the
+    # same bits and the XLA step's populations, and an input still in use is
+    # not overwritten
+    sim = _native_step(shape, 1)[0]
+    phi, u = _fill(shape, "walls")
+    xla = FreeSurface(sim, sigma=0.01, gravity=(0.0, 0.0, -1e-4), kernel="xla")
+    s = xla.init(phi, u=u)
+    args = (s.fluid.f, s.flags, s.mass, s.carry)
+    reference = jax.jit(lambda s: xla.step(xla.step(s)))(s)
     results = []
     for threads in (1, 2, 5):
-        sim, step = _native_step(shape, threads)
-        fs = FreeSurface(sim, sigma=0.01, gravity=(0.0, 0.0, -1e-4))
-        phi, u = _fill(shape, "walls")
-        s = fs.init(phi, u=u)
-        args = (s.fluid.f, s.flags, s.mass, s.carry)
+        step = _native_step(shape, threads)[1]
         before = [np.asarray(a).copy() for a in args]
         out = jax.jit(lambda *a, step=step: step(*step(*a)))(*args)
         for a, b in zip(args, before, strict=True):
@@ -161,6 +166,10 @@ def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
     for other in results[1:]:
         for a, b in zip(results[0], other, strict=True):
             np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(results[0][1], np.asarray(reference.flags))
+    np.testing.assert_allclose(
+        results[0][0], np.asarray(reference.fluid.f), rtol=0, atol=TOLERANCE["fp32"][0]
+    )
 
 
 def test_native_step_conserves_mass_over_a_run():
