@@ -425,6 +425,9 @@ def _empty(dtype: Any, like: jax.Array) -> jax.Array:
 #: Float32 scratch arrays of one free-surface call, one value per cell each
 #: (``kFloats`` in ``_native/lbm_free_surface.cc``).
 FREE_SURFACE_SCRATCH = 12
+#: Int32 scratch arrays of one free-surface call, one value per row (x, y) each
+#: (the z ranges of ``_native/lbm_free_surface.h``: ``4 + 2 kRanges``).
+FREE_SURFACE_ROW_INTS = 14
 
 
 def covered_free_surface(
@@ -494,6 +497,7 @@ def make_native_free_surface_step(
     smoothing: int,
     fill_limit: float,
     threads: int | None = None,
+    poison: bool = False,
 ) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
     """Build ``step(f, flags, mass, carry) -> (g, flags, mass, carry)``: one
     free-surface step (``_native/lbm_free_surface.cc``) on populations in the
@@ -513,6 +517,8 @@ def make_native_free_surface_step(
         fill_limit: ``1 + FILL_MARGIN``: an interface cell fills above
             ``fill_limit rho``.
         threads: Threads per call; ``None``: :func:`default_threads`.
+        poison: Fill the scratch arrays with NaN before every step (a check for
+            tests: a value read before the step computes it spreads NaN).
 
     Raises:
         ValueError: If :func:`covered_free_surface` says no (with why).
@@ -533,7 +539,7 @@ def make_native_free_surface_step(
         grid,
         jax.ShapeDtypeStruct((FREE_SURFACE_SCRATCH * cells,), jnp.float32),
         jax.ShapeDtypeStruct((cells + 2 * rows,), jnp.uint8),
-        jax.ShapeDtypeStruct((8 * rows,), jnp.int32),
+        jax.ShapeDtypeStruct((FREE_SURFACE_ROW_INTS * rows,), jnp.int32),
     )
     n = threads or default_threads()
     # per run of x-planes (``chunks`` in the source), four copies of a plane's
@@ -554,6 +560,7 @@ def make_native_free_surface_step(
         "gravity": np.array(gravity, np.float32),
         "passes": np.int64(smoothing),
         "threads": np.int64(n),
+        "poison": np.int64(poison),
     }
 
     def step(

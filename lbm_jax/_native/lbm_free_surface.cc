@@ -7,8 +7,8 @@
 //   0. fill: the fill level phi = m / rho of the interface cells (rho from
 //      their stored populations) and, per row (x, y), which cells it holds;
 //   C. curvature fields: the unit normal of the smoothed fill, computed only
-//      on the rows (and z ranges) within reach of an interface cell, by one
-//      separable filter per axis (three passes over that band);
+//      where the curvature of an interface cell reads it, by one separable
+//      filter per axis (three passes, each over the z ranges it must fill);
 //   1. stream-collide: pull streaming with bounce-back from solid cells and
 //      the gas reconstruction on interface cells (their curvature from the
 //      gradient fields), the mass exchange (compensated sum), BGK collision
@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -58,10 +59,10 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   using B::nx; using B::ny; using B::nz; using B::rows; using B::cells;
   using B::plane; using B::p; using B::f; using B::g; using B::flags;
   using B::mass; using B::carry; using B::fs; using B::work;
-  using B::row; using B::row2; using B::lo; using B::hi; using B::blo;
-  using B::bhi; using B::llo; using B::lhi; using B::rest; using B::cell; using B::pop; using B::up;
+  using B::row; using B::row2; using B::lo; using B::hi;
+  using B::llo; using B::lhi; using B::rest; using B::cell; using B::pop; using B::up;
   using B::cx; using B::cy; using B::cz; using B::equilibrium; using B::curvature_pass;
-  using B::fill_pass; using B::band; using B::curvature_fields; using B::convert_pass; using B::share_pass;
+  using B::fill_pass; using B::ranges; using B::curvature_fields; using B::convert_pass; using B::share_pass;
   using B::gather_pass;
 
   // ------------------------------------------------------------ pass 1
@@ -367,7 +368,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // starts). Only the liquid's z range of each tile is computed and stored:
   // gas and solid cells hold the rest populations already (the step and
   // FreeSurface.init leave them so).
-  void run(int threads, int chunks, T* saved) {
+  void run(int threads, int chunks, T* saved, bool poison) {
+    if (poison)  // a check: a scratch value read before it is written spreads NaN
+      std::fill(fs[0], fs[0] + kFloats * cells, std::numeric_limits<float>::quiet_NaN());
     const float zero[3] = {0.0f, 0.0f, 0.0f};
     equilibrium(1.0f, zero, rest);
     int axes[3] = {0, 1, 2}, n_axes = 3;
@@ -382,7 +385,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
       fill_pass();
-      band();
+      ranges();
       curvature_fields(axes, n_axes);
       curvature_pass(axes, n_axes);
       // the rows of tiles: the first (stored last), the previous and this one
@@ -452,7 +455,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                          ffi::Result<ffi::AnyBuffer> saved, float omega, float cp,
                          float cm, float fill_limit, float gas_factor,
                          ffi::Span<const float> gravity, int64_t passes,
-                         int64_t threads) {
+                         int64_t threads, int64_t poison) {
     (void)flags_in, (void)mass_in, (void)carry_in;  // aliased with the results
     // f_in and g_out alias too: the step runs in place
     auto dims = f_in.dimensions();
@@ -474,7 +477,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         carry_out->element_count() != s.cells ||
         floats->element_count() != kFloats * s.cells ||
         bytes->element_count() != s.cells + 2 * static_cast<size_t>(s.rows) ||
-        ints->element_count() != 8 * static_cast<size_t>(s.rows) ||
+        ints->element_count() != (4 + 2 * kRanges) * static_cast<size_t>(s.rows) ||
         gravity.size() != static_cast<size_t>(D) || passes < 0 ||
         f_in.untyped_data() != g_out->untyped_data() ||
         saved->element_type() != S::kType ||
@@ -500,11 +503,11 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     s.row = s.work + s.cells;
     s.row2 = s.row + s.rows;
     int32_t* ip = static_cast<int32_t*>(ints->untyped_data());
-    s.lo = ip, s.hi = ip + s.rows, s.blo = ip + 2 * s.rows, s.bhi = ip + 3 * s.rows;
-    s.llo = ip + 4 * s.rows, s.lhi = ip + 5 * s.rows;
-    s.tlo = ip + 6 * s.rows, s.thi = ip + 7 * s.rows;
+    s.lo = ip, s.hi = ip + s.rows, s.llo = ip + 2 * s.rows, s.lhi = ip + 3 * s.rows;
+    for (int k = 0; k < kRanges; ++k)
+      s.rlo[k] = ip + (4 + 2 * k) * s.rows, s.rhi[k] = ip + (5 + 2 * k) * s.rows;
     s.run(static_cast<int>(threads), chunks(threads, s.nx),
-          static_cast<T*>(saved->untyped_data()));
+          static_cast<T*>(saved->untyped_data()), poison != 0);
     return ffi::Error::Success();
   }
 };
@@ -533,7 +536,8 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                                     .Attr<float>("gas_factor")               \
                                     .Attr<ffi::Span<const float>>("gravity") \
                                     .Attr<int64_t>("passes")                 \
-                                    .Attr<int64_t>("threads"));
+                                    .Attr<int64_t>("threads")                \
+                                    .Attr<int64_t>("poison"));
 
 LBM_FS_DEFINE(D2Q9, Fp32, lbm_free_surface_D2Q9_fp32)
 LBM_FS_DEFINE(D2Q9, Fp16s, lbm_free_surface_D2Q9_fp16s)

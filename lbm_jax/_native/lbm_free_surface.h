@@ -1,6 +1,6 @@
 // The free-surface step's grid, fields and surface passes (see
 // lbm_free_surface.cc for the step and the order of its passes): the fill
-// level (pass 0), the curvature fields on the interface band (C), and the
+// level (pass 0), the curvature fields near the interface (C), and the
 // conversions, excess sharing and gathering (passes 2-4). Internal to the
 // native library; lbm_free_surface.cc includes it once.
 
@@ -28,6 +28,10 @@ constexpr uint8_t kRowI = 1, kRowLiquid = 2, kRowToFluid = 4, kRowToGas = 8;
 enum { kPhi, kA, kB, kG0, kG1, kG2, kRho, kU0, kU1, kU2, kExcess, kShare, kFloats };
 // the curvature's intermediate fields, in arrays that passes 1-2 fill only later
 enum { kZs = kB, kZd = kExcess, kY1 = kRho, kY2 = kU0, kY3 = kU1, kKappa = kA };
+// per-row z ranges: the outputs of the curvature's x, y and z passes, the fill
+// they start from, and a temporary; an empty range is (kEmptyLo, kEmptyHi)
+enum { kRx, kRy, kRz, kRa, kRt, kRanges };
+constexpr int kEmptyLo = 1 << 29, kEmptyHi = -(1 << 29);
 
 struct Params {
   float omega, cp, cm, fill_limit, gas_factor;  // gas_factor: 3 (D - 1) sigma
@@ -64,8 +68,9 @@ struct FreeSurfaceGrid {
   int8_t* flags;
   float *mass, *carry, *fs[kFloats];
   uint8_t *work, *row, *row2;
-  // per row: interface, band, liquid z ranges; the band's y-window extremes
-  int32_t *lo, *hi, *blo, *bhi, *llo, *lhi, *tlo, *thi;
+  // per row: the z ranges of the interface and liquid cells, and of the
+  // curvature passes (see ranges())
+  int32_t *lo, *hi, *llo, *lhi, *rlo[kRanges], *rhi[kRanges];
   float rest[Q];
 
   size_t cell(int x, int y, int z) const {
@@ -125,39 +130,43 @@ struct FreeSurfaceGrid {
   }
 
   // ------------------------------------------------------------ C: curvature
-  // The z ranges of the rows the curvature fields are computed on (the band):
-  // within reach (the stencils' radius, margin included) of an interface cell.
-  // The window's extremes are taken separably: along y (into tlo, thi), then x.
-  void band() {
-    const int reach = p.passes + 3;
-    const int ry = D == 3 ? std::min(reach, (ny - 1) / 2) : 0;
-    const int rx = std::min(reach, (nx - 1) / 2);
-#pragma omp for schedule(static)
-    for (int r = 0; r < rows; ++r) {  // a row without interface: lo = nz, hi = 0
-      const int x = r / ny, y = r % ny;
-      int first = nz, last = 0;
-      for (int dy = -ry; dy <= ry; ++dy) {
-        const int s = x * ny + wrap(y + dy, ny);
-        first = std::min(first, lo[s]), last = std::max(last, hi[s]);
-      }
-      tlo[r] = first, thi[r] = last;
-    }
+  // The hull of the ranges (from_lo, from_hi) over the rows within `radius`
+  // along axis 0 (x) or 1 (y), widened by `grow` along z, into range `to`; a
+  // range leaving the row becomes the whole (periodic) row.
+  void window(const int32_t* from_lo, const int32_t* from_hi, int to, int axis, int radius,
+              int grow) {
+    radius = std::min(radius, ((axis == 0 ? nx : ny) - 1) / 2);
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; ++r) {
       const int x = r / ny, y = r % ny;
-      int first = nz, last = 0;
-      for (int dx = -rx; dx <= rx; ++dx) {
-        const int s = wrap(x + dx, nx) * ny + y;
-        first = std::min(first, tlo[s]), last = std::max(last, thi[s]);
+      int a = kEmptyLo, b = kEmptyHi;
+      for (int d = -radius; d <= radius; ++d) {
+        const int s = axis == 0 ? wrap(x + d, nx) * ny + y : x * ny + wrap(y + d, ny);
+        a = std::min(a, from_lo[s]), b = std::max(b, from_hi[s]);
       }
-      if (first >= last) {
-        blo[r] = bhi[r] = 0;
-      } else if (first - reach < 1 || last + reach > nz - 1) {
-        blo[r] = 0, bhi[r] = nz;  // the whole (periodic) row
+      if (a < b) {
+        a = a - grow, b = b + grow;
+        if (a < 0 || b > nz) a = 0, b = nz;
       } else {
-        blo[r] = first - reach, bhi[r] = last + reach;
+        a = kEmptyLo, b = kEmptyHi;
       }
+      rlo[to][r] = a, rhi[to][r] = b;
     }
+  }
+
+  // The z ranges each curvature pass computes, working back from what the
+  // interface cells read: the normals (x pass) within one cell of an interface
+  // cell (also where conversions happen: passes 2-4 visit it), the y pass's
+  // output wherever the x pass's kernel reaches (h = passes + 1 rows along x),
+  // the z pass's wherever the y pass's does (h rows along y), the fill h cells
+  // beyond along z. (An interface-free row: lo = nz, hi = 0.)
+  void ranges() {
+    const int h = p.passes + 1;
+    window(lo, hi, kRt, 1, D == 3 ? 1 : 0, 1);
+    window(rlo[kRt], rhi[kRt], kRx, 0, 1, 0);
+    window(rlo[kRx], rhi[kRx], kRy, 0, h, 0);
+    window(rlo[kRy], rhi[kRy], kRz, 1, D == 3 ? h : 0, 0);
+    window(rlo[kRz], rhi[kRz], kRa, 1, 0, h);
   }
 
   static int mod(int v, int n) {
@@ -210,14 +219,15 @@ struct FreeSurfaceGrid {
     }
   }
 
-  // The unit normals of the smoothed fill field on the band, grad[k] along the
-  // k-th of the axes: three passes over the band (z, y, x; 2D lattices: z, x),
+  // The unit normals of the smoothed fill field near the interface, fs[kG0 + k]
+  // along the k-th of the axes: three passes (z, y, x; 2D lattices: z, x), each
+  // over its ranges (ranges()),
   // the intermediate fields in arrays the later passes fill only afterwards.
   void curvature_fields(const int axes[3], int n_axes) {
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {  // solid cells: mean fill of their neighbours
       const int x = r / ny, y = r % ny;
-      for (int z = blo[r]; z < bhi[r]; ++z) {
+      for (int z = rlo[kRa][r]; z < rhi[kRa][r]; ++z) {
         const size_t c = cell(x, y, z);
         if (flags[c] != kSolid) {
           fs[kA][c] = fill(c);
@@ -244,7 +254,7 @@ struct FreeSurfaceGrid {
     // z: both kernels on a wrapped copy of the row
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {
-      const int z0 = blo[r], z1 = bhi[r];
+      const int z0 = rlo[kRz][r], z1 = rhi[kRz][r];
       if (z0 >= z1) continue;
       const float* a = fs[kA] + static_cast<size_t>(r) * nz;
       if (h < nz) {
@@ -260,7 +270,7 @@ struct FreeSurfaceGrid {
     if (D == 3) {
 #pragma omp for schedule(dynamic, 16)
       for (int r = 0; r < rows; ++r) {
-        const int z0 = blo[r], z1 = bhi[r];
+        const int z0 = rlo[kRy][r], z1 = rhi[kRy][r];
         if (z0 >= z1) continue;
         const int x = r / ny, y = r % ny;
         const size_t at = static_cast<size_t>(r) * nz;
@@ -276,7 +286,7 @@ struct FreeSurfaceGrid {
     const int which[3] = {0, D == 3 ? 1 : 2, 2};  // grad[k] from src[which[k]]
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {
-      const int z0 = blo[r], z1 = bhi[r];
+      const int z0 = rlo[kRx][r], z1 = rhi[kRx][r];
       if (z0 >= z1) continue;
       const int x = r / ny, y = r % ny;
       const size_t at = static_cast<size_t>(r) * nz;
@@ -403,13 +413,13 @@ struct FreeSurfaceGrid {
       const bool fluid_may = near_rows(x, y, kRowToGas);
       row2[r] = 0;
       if (!(row[r] & kRowI) && !gas_may && !fluid_may) continue;
-      // conversions happen next to interface cells: within the band
-      for (int z = blo[r]; z < bhi[r]; ++z) {
+      // conversions happen next to interface cells: within range kRx
+      for (int z = rlo[kRx][r]; z < rhi[kRx][r]; ++z) {
         const uint8_t old = work[cell(x, y, z)] & kFlag;
         if (old == kInterface || (old == kGas && gas_may) || (old == kFluid && fluid_may))
           convert_cell(x, y, z);
       }
-      for (int z = blo[r]; z < bhi[r]; ++z)
+      for (int z = rlo[kRx][r]; z < rhi[kRx][r]; ++z)
         if (flags[cell(x, y, z)] == kInterface) row2[r] = 1;
       if (row[r] & kRowI) row2[r] = 1;
     }
@@ -437,7 +447,7 @@ struct FreeSurfaceGrid {
     for (int r = 0; r < rows; ++r) {
       if (!row2[r]) continue;
       const int x = r / ny, y = r % ny;
-      for (int z = blo[r]; z < bhi[r]; ++z) {
+      for (int z = rlo[kRx][r]; z < rhi[kRx][r]; ++z) {
         const size_t c = cell(x, y, z);
         const bool target = flags[c] == kInterface, keeps = work[c] & kKeeps;
         if (!target && !keeps) continue;
