@@ -426,8 +426,8 @@ def _empty(dtype: Any, like: jax.Array) -> jax.Array:
 #: (``kFloats`` in ``_native/lbm_free_surface.cc``).
 FREE_SURFACE_SCRATCH = 12
 #: Int32 scratch arrays of one free-surface call, one value per row (x, y) each
-#: (the z ranges of ``_native/lbm_free_surface.h``: ``4 + 2 kRanges``).
-FREE_SURFACE_ROW_INTS = 14
+#: (the z ranges and offsets of ``_native/lbm_free_surface.h``: ``4 + 3 kRanges``).
+FREE_SURFACE_ROW_INTS = 19
 
 
 def covered_free_surface(
@@ -442,12 +442,14 @@ def covered_free_surface(
 
     Covered: D2Q9, D3Q19 and D3Q27 BGK without a subgrid model, FP32/FP32,
     FP32/FP16S, FP32/FP16C and FP32/bfloat16 storage with DDF-shifting, a grid
-    on one device with at least 3 cells along every axis, on a CPU.
+    on one device with at least 3 cells along every axis and fewer than 2^31
+    cells, on a CPU.
     """
     checks = (
         *_needs(lattice, storage, model, shape),
         (devices == 1, "a grid on one device"),
         (min(shape) >= 3, "at least 3 cells per axis"),
+        (math.prod(shape) < 2**31, "fewer than 2^31 cells"),
     )
     missing = [need for ok, need in checks if not ok]
     if not missing:

@@ -477,7 +477,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
         carry_out->element_count() != s.cells ||
         floats->element_count() != kFloats * s.cells ||
         bytes->element_count() != s.cells + 2 * static_cast<size_t>(s.rows) ||
-        ints->element_count() != (4 + 2 * kRanges) * static_cast<size_t>(s.rows) ||
+        ints->element_count() != (4 + 3 * kRanges) * static_cast<size_t>(s.rows) ||
         gravity.size() != static_cast<size_t>(D) || passes < 0 ||
         f_in.untyped_data() != g_out->untyped_data() ||
         saved->element_type() != S::kType ||
@@ -504,8 +504,10 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     s.row2 = s.row + s.rows;
     int32_t* ip = static_cast<int32_t*>(ints->untyped_data());
     s.lo = ip, s.hi = ip + s.rows, s.llo = ip + 2 * s.rows, s.lhi = ip + 3 * s.rows;
-    for (int k = 0; k < kRanges; ++k)
-      s.rlo[k] = ip + (4 + 2 * k) * s.rows, s.rhi[k] = ip + (5 + 2 * k) * s.rows;
+    for (int k = 0; k < kRanges; ++k) {
+      s.rlo[k] = ip + (4 + 3 * k) * s.rows, s.rhi[k] = ip + (5 + 3 * k) * s.rows;
+      s.roff[k] = ip + (6 + 3 * k) * s.rows;
+    }
     s.run(static_cast<int>(threads), chunks(threads, s.nx),
           static_cast<T*>(saved->untyped_data()), poison != 0);
     return ffi::Error::Success();

@@ -70,7 +70,7 @@ struct FreeSurfaceGrid {
   uint8_t *work, *row, *row2;
   // per row: the z ranges of the interface and liquid cells, and of the
   // curvature passes (see ranges())
-  int32_t *lo, *hi, *llo, *lhi, *rlo[kRanges], *rhi[kRanges];
+  int32_t *lo, *hi, *llo, *lhi, *rlo[kRanges], *rhi[kRanges], *roff[kRanges];
   float rest[Q];
 
   size_t cell(int x, int y, int z) const {
@@ -167,6 +167,19 @@ struct FreeSurfaceGrid {
     window(rlo[kRx], rhi[kRx], kRy, 0, h, 0);
     window(rlo[kRy], rhi[kRy], kRz, 1, D == 3 ? h : 0, 0);
     window(rlo[kRz], rhi[kRz], kRa, 1, 0, h);
+#pragma omp single
+    for (int k : {kRx, kRy, kRz, kRa}) {  // the fields are stored range by range
+      int32_t total = 0;
+      for (int r = 0; r < rows; ++r) {
+        roff[k][r] = total;
+        total += std::max(rhi[k][r] - rlo[k][r], 0);
+      }
+    }
+  }
+
+  // Row r of a field stored compactly over range k: element z at row(k, f, r)[z].
+  float* row_of(int k, float* field, int r) const {
+    return field + (static_cast<ptrdiff_t>(roff[k][r]) - rlo[k][r]);
   }
 
   static int mod(int v, int n) {
@@ -221,16 +234,18 @@ struct FreeSurfaceGrid {
 
   // The unit normals of the smoothed fill field near the interface, fs[kG0 + k]
   // along the k-th of the axes: three passes (z, y, x; 2D lattices: z, x), each
-  // over its ranges (ranges()),
-  // the intermediate fields in arrays the later passes fill only afterwards.
+  // over its ranges (ranges()), every field stored compactly over its range
+  // (row_of), the intermediate ones in arrays the later passes fill only
+  // afterwards.
   void curvature_fields(const int axes[3], int n_axes) {
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {  // solid cells: mean fill of their neighbours
       const int x = r / ny, y = r % ny;
+      float* a = row_of(kRa, fs[kA], r);
       for (int z = rlo[kRa][r]; z < rhi[kRa][r]; ++z) {
         const size_t c = cell(x, y, z);
         if (flags[c] != kSolid) {
-          fs[kA][c] = fill(c);
+          a[z] = fill(c);
           continue;
         }
         float total = 0.0f, count = 0.0f;
@@ -244,7 +259,7 @@ struct FreeSurfaceGrid {
             total = total + (open ? fill(nb) : 0.0f);
             count = count + (open ? 1.0f : 0.0f);
           }
-        fs[kA][c] = total / std::max(count, 1.0f);
+        a[z] = total / std::max(count, 1.0f);
       }
     }
     const int h = p.passes + 1, w = 2 * h + 1;
@@ -256,15 +271,15 @@ struct FreeSurfaceGrid {
     for (int r = 0; r < rows; ++r) {
       const int z0 = rlo[kRz][r], z1 = rhi[kRz][r];
       if (z0 >= z1) continue;
-      const float* a = fs[kA] + static_cast<size_t>(r) * nz;
+      const float* a = row_of(kRa, fs[kA], r);
       if (h < nz) {
         for (int z = z0 - h; z < z1 + h; ++z) line[z - z0 + h] = a[wrap(z, nz)];
       } else {
         for (int z = z0 - h; z < z1 + h; ++z) line[z - z0 + h] = a[mod(z, nz)];
       }
       for (int j = 0; j < w; ++j) in[j] = line.data() + j - z0;
-      row_sum(in.data(), ks.data(), w, fs[kZs] + static_cast<size_t>(r) * nz, z0, z1);
-      row_sum(in.data(), kd.data(), w, fs[kZd] + static_cast<size_t>(r) * nz, z0, z1);
+      row_sum(in.data(), ks.data(), w, row_of(kRz, fs[kZs], r), z0, z1);
+      row_sum(in.data(), kd.data(), w, row_of(kRz, fs[kZd], r), z0, z1);
     }
     // y (3D): s along y of both, d along y of the smoothed one
     if (D == 3) {
@@ -273,30 +288,31 @@ struct FreeSurfaceGrid {
         const int z0 = rlo[kRy][r], z1 = rhi[kRy][r];
         if (z0 >= z1) continue;
         const int x = r / ny, y = r % ny;
-        const size_t at = static_cast<size_t>(r) * nz;
-        for (int j = 0; j < w; ++j) in[j] = fs[kZs] + cell(x, mod(y + j - h, ny), 0);
-        row_sum(in.data(), ks.data(), w, fs[kY1] + at, z0, z1);
-        row_sum(in.data(), kd.data(), w, fs[kY2] + at, z0, z1);
-        for (int j = 0; j < w; ++j) in[j] = fs[kZd] + cell(x, mod(y + j - h, ny), 0);
-        row_sum(in.data(), ks.data(), w, fs[kY3] + at, z0, z1);
+        for (int j = 0; j < w; ++j) in[j] = row_of(kRz, fs[kZs], x * ny + mod(y + j - h, ny));
+        row_sum(in.data(), ks.data(), w, row_of(kRy, fs[kY1], r), z0, z1);
+        row_sum(in.data(), kd.data(), w, row_of(kRy, fs[kY2], r), z0, z1);
+        for (int j = 0; j < w; ++j) in[j] = row_of(kRz, fs[kZd], x * ny + mod(y + j - h, ny));
+        row_sum(in.data(), ks.data(), w, row_of(kRy, fs[kY3], r), z0, z1);
       }
     }
     // x: the gradient, then normalised
-    const float* src[3] = {D == 3 ? fs[kY1] : fs[kZs], fs[kY2], D == 3 ? fs[kY3] : fs[kZd]};
+    float* src[3] = {D == 3 ? fs[kY1] : fs[kZs], fs[kY2], D == 3 ? fs[kY3] : fs[kZd]};
     const int which[3] = {0, D == 3 ? 1 : 2, 2};  // grad[k] from src[which[k]]
+    const int by = D == 3 ? kRy : kRz;              // their ranges
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {
       const int z0 = rlo[kRx][r], z1 = rhi[kRx][r];
       if (z0 >= z1) continue;
       const int x = r / ny, y = r % ny;
-      const size_t at = static_cast<size_t>(r) * nz;
       for (int k = 0; k < n_axes; ++k) {
-        for (int j = 0; j < w; ++j) in[j] = src[which[k]] + cell(mod(x + j - h, nx), y, 0);
-        row_sum(in.data(), k == 0 ? kd.data() : ks.data(), w, fs[kG0 + k] + at, z0, z1);
+        for (int j = 0; j < w; ++j)
+          in[j] = row_of(by, src[which[k]], mod(x + j - h, nx) * ny + y);
+        row_sum(in.data(), k == 0 ? kd.data() : ks.data(), w, row_of(kRx, fs[kG0 + k], r),
+                z0, z1);
       }
-      float* __restrict g0 = fs[kG0] + at;
-      float* __restrict g1 = fs[kG1] + at;
-      float* __restrict g2 = fs[kG2] + at;
+      float* __restrict g0 = row_of(kRx, fs[kG0], r);
+      float* __restrict g1 = row_of(kRx, fs[kG1], r);
+      float* __restrict g2 = row_of(kRx, fs[kG2], r);
       for (int z = z0; z < z1; ++z) {
         const float sq = (g0[z] * g0[z] + g1[z] * g1[z]) + (D == 3 ? g2[z] * g2[z] : 0.0f);
         const float norm = std::max(std::sqrt(sq), 1e-12f);
@@ -329,8 +345,8 @@ struct FreeSurfaceGrid {
       const int n[3] = {nx, ny, nz};
       lo_[axes[k]] = wrap(lo_[axes[k]] - 1, n[axes[k]]);
       hi_[axes[k]] = wrap(hi_[axes[k]] + 1, n[axes[k]]);
-      const float dn = fs[kG0 + k][cell(hi_[0], hi_[1], hi_[2])] -
-                       fs[kG0 + k][cell(lo_[0], lo_[1], lo_[2])];
+      const float dn = row_of(kRx, fs[kG0 + k], hi_[0] * ny + hi_[1])[hi_[2]] -
+                       row_of(kRx, fs[kG0 + k], lo_[0] * ny + lo_[1])[lo_[2]];
       kappa = kappa + 0.5f * dn;
     }
     kappa = kappa / static_cast<float>(D - 1);
