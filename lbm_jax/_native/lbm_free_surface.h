@@ -101,27 +101,48 @@ struct FreeSurfaceGrid {
   }
 
   // ------------------------------------------------------------ pass 0: fill
+  // The fill level of the interface cells of row (x, y) from z, whose flags are
+  // q[0 ..]: `mask` marks them (bit b: cell z + b).
+  void fill_cells(int x, int y, int z, uint32_t mask) {
+    for (; mask; mask &= mask - 1) {
+      const int zi = z + __builtin_ctz(mask);
+      const size_t c = cell(x, y, zi);
+      float s = 0.0f;
+      for (int i = 0; i < Q; ++i) s = s + S::load1(f + pop(i, x, y, zi));
+      const float phi = mass[c] / (s + 1.0f);
+      fs[kPhi][c] = std::min(std::max(phi, 0.0f), 1.0f);
+    }
+  }
+
+  // Per row: the z ranges of its interface and liquid cells and their summary
+  // bits, and the interface cells' fill levels. The flags are scanned 32 at a
+  // time.
   void fill_pass() {
 #pragma omp for schedule(static)
     for (int r = 0; r < rows; ++r) {
       const int x = r / ny, y = r % ny;
-      uint8_t bits = 0;
+      const int8_t* q = flags + cell(x, y, 0);
       int first = nz, last = -1, wet = nz, dry = 0;
-      for (int z = 0; z < nz; ++z) {
-        const size_t c = cell(x, y, z);
-        const int8_t fl = flags[c];
-        if (fl == kFluid || fl == kInterface) wet = std::min(wet, z), dry = z + 1;
-        if (fl == kFluid) bits |= kRowLiquid;
-        if (fl != kInterface) continue;
-        bits |= kRowI | kRowLiquid;
-        first = std::min(first, z);
-        last = z;
-        float s = 0.0f;
-        for (int i = 0; i < Q; ++i) s = s + S::load1(f + pop(i, x, y, z));
-        const float phi = mass[c] / (s + 1.0f);
-        fs[kPhi][c] = std::min(std::max(phi, 0.0f), 1.0f);
+      auto note = [&](int z, uint32_t fluid, uint32_t iface) {
+        const uint32_t liquid = fluid | iface;
+        if (liquid) {
+          wet = std::min(wet, z + __builtin_ctz(liquid));
+          dry = std::max(dry, z + 32 - __builtin_clz(liquid));
+        }
+        if (iface) {
+          first = std::min(first, z + __builtin_ctz(iface));
+          last = std::max(last, z + 31 - __builtin_clz(iface));
+          fill_cells(x, y, z, iface);
+        }
+      };
+      int z = 0;
+      for (; z + 32 <= nz; z += 32) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + z));
+        note(z, _mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(kFluid))),
+             _mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(kInterface))));
       }
-      row[r] = bits;
+      for (; z < nz; ++z) note(z, q[z] == kFluid, q[z] == kInterface);
+      row[r] = (wet < dry ? kRowLiquid : 0) | (first <= last ? kRowI : 0);
       lo[r] = first;
       hi[r] = last + 1;
       llo[r] = wet;
@@ -129,7 +150,6 @@ struct FreeSurfaceGrid {
     }
   }
 
-  // ------------------------------------------------------------ C: curvature
   // The hull of the ranges (from_lo, from_hi) over the rows within `radius`
   // along axis 0 (x) or 1 (y), widened by `grow` along z, into range `to`; a
   // range leaving the row becomes the whole (periodic) row.
