@@ -6,14 +6,14 @@
 //
 //   0. fill: the fill level phi = m / rho of the interface cells (rho from
 //      their stored populations) and, per row (x, y), which cells it holds;
-//   C. curvature fields: the unit normal of the smoothed fill, computed only
-//      where the curvature of an interface cell reads it, by one separable
-//      filter per axis (three passes, each over the z ranges it must fill);
+//   C. curvature: the unit normal of the smoothed fill, computed only where
+//      the curvature of an interface cell reads it, by one separable filter
+//      per axis (three passes, each over the z ranges it must fill, stored
+//      compactly), then the curvature of every interface cell;
 //   1. stream-collide: pull streaming with bounce-back from solid cells and
-//      the gas reconstruction on interface cells (their curvature from the
-//      gradient fields), the mass exchange (compensated sum), BGK collision
-//      with gravity as a Guo force, and the conversion marks of interface
-//      cells; gas cells get the rest equilibrium;
+//      the gas reconstruction on interface cells, the mass exchange
+//      (compensated sum), BGK collision with gravity as a Guo force, and the
+//      conversion marks of interface cells;
 //   2. convert: marks applied (filling takes precedence over emptying; fluid
 //      next to an emptied cell and gas next to a filled one become interface,
 //      the latter initialised from its liquid neighbours' mean rho and u);
@@ -22,14 +22,17 @@
 //   4. gather: each cell adds what it received (compensated sum).
 //
 // Passes 2-4 visit only the rows holding interface cells or conversion marks;
-// pass 1 only the z range of each tile's liquid cells (gas and solid cells
-// keep their rest populations). Populations are in the kernel layout
-// (X, Q, Y, Z) (2D lattices: (X, Q, Y), handled as Y = 1, Z = Y); they, the
-// flags, mass and carry (grid-shaped) are updated in place (see `run`). Every
-// axis is periodic (walls are solid cells). The order of floating-point operations follows the XLA model where
-// it is cheap to, but neighbour sums run over directions rather than XLA's
-// separable box sums and the compiler contracts no multiply-adds here, so the
-// results agree with the XLA model to round-off, not bit for bit.
+// pass 1 only the z range of each tile's liquid cells: gas and solid cells
+// keep the rest populations (FreeSurface.init gives them those; the XLA step
+// writes them every step) and are never read. Populations are in the kernel
+// layout (X, Q, Y, Z) (2D lattices: (X, Q, Y), handled as Y = 1, Z = Y); they,
+// the flags, mass and carry (grid-shaped) are updated in place (see `run`).
+// Every axis is periodic (walls are solid cells). The order of floating-point
+// operations follows the XLA model where it is cheap to, but neighbour sums
+// run over directions rather than XLA's separable box sums, the smoothed
+// gradient is one filter per axis rather than XLA's sequence of smoothings,
+// and the compiler contracts no multiply-adds here, so the results agree with
+// the XLA model to round-off, not bit for bit.
 
 #include <algorithm>
 #include <cmath>
