@@ -47,12 +47,12 @@ TARGET_RATIO = 0.4
 def _free_surface_run(n: int, storage: str, steps: int, kernel: str) -> Any:
     """``(fs, advance, state)``: the timed flow, compiled and warmed up."""
     import lbm_jax
-    from lbm_jax.cases.free_surface import _walls
+    from lbm_jax.cases.free_surface import floor_and_ceiling
     from lbm_jax.free_surface import FreeSurface, sphere_fill
 
     shape = (n, n, n)
     sim = lbm_jax.Simulation(
-        "D3Q19", shape, tau=0.6, storage=storage, cell_type=_walls(shape)
+        "D3Q19", shape, tau=0.6, storage=storage, cell_type=floor_and_ceiling(shape)
     )
     fs = FreeSurface(sim, sigma=1e-3, gravity=(0.0, 0.0, -1e-5), kernel=kernel)
     drop = sphere_fill(shape, (n / 2, n / 2, 0.7 * n), n / 8, samples=2)

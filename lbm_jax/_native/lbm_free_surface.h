@@ -342,18 +342,28 @@ struct FreeSurfaceGrid {
     }
   }
 
-  // The curvature of every interface cell into fs[kKappa] (the fill's array,
-  // free again), row by row: the normals' loads stream.
-  void curvature_pass(const int axes[3], int n_axes) {
+  // fn(x, y, z, c) for every cell c = (x, y, z) that was an interface cell when
+  // the step began (old(c): its flag then), row by row.
+  template <class Old, class Fn>
+  void each_interface_cell(Old old, Fn fn) {
 #pragma omp for schedule(dynamic, 16)
     for (int r = 0; r < rows; ++r) {
       if (!(row[r] & kRowI)) continue;
       const int x = r / ny, y = r % ny;
       for (int z = lo[r]; z < hi[r]; ++z) {
         const size_t c = cell(x, y, z);
-        if (flags[c] == kInterface) fs[kKappa][c] = curvature(x, y, z, axes, n_axes);
+        if (old(c) == kInterface) fn(x, y, z, c);
       }
     }
+  }
+
+  // The curvature of every interface cell into fs[kKappa] (the fill's array,
+  // free again), row by row: the normals' loads stream.
+  void curvature_pass(const int axes[3], int n_axes) {
+    each_interface_cell([&](size_t c) { return flags[c]; },
+                        [&](int x, int y, int z, size_t c) {
+                          fs[kKappa][c] = curvature(x, y, z, axes, n_axes);
+                        });
   }
 
   // The mean curvature at interface cell (x, y, z), clamped to [-1, 1]: the
@@ -461,21 +471,19 @@ struct FreeSurfaceGrid {
     }
   }
 
-  void share_pass() {
-#pragma omp for schedule(dynamic, 16)
-    for (int r = 0; r < rows; ++r) {
-      if (!(row[r] & kRowI)) continue;
-      const int x = r / ny, y = r % ny;
-      for (int z = lo[r]; z < hi[r]; ++z) {
-        const size_t c = cell(x, y, z);
-        if ((work[c] & kFlag) != kInterface) continue;
-        float targets = 0.0f;
-        for (int i = 1; i < Q; ++i)
-          targets = targets + (flags[up(i, x, y, z)] == kInterface ? 1.0f : 0.0f);
-        fs[kShare][c] = targets > 0.0f ? fs[kExcess][c] / std::max(targets, 1.0f) : 0.0f;
-        work[c] |= targets > 0.0f ? kShares : kKeeps;
-      }
-    }
+  // The excess of interface cell c = (x, y, z) divided among its interface
+  // neighbours after the conversions (kShares), or kept (kKeeps).
+  void share_cell(int x, int y, int z, size_t c) {
+    float targets = 0.0f;
+    for (int i = 1; i < Q; ++i)
+      targets = targets + (flags[up(i, x, y, z)] == kInterface ? 1.0f : 0.0f);
+    fs[kShare][c] = targets > 0.0f ? fs[kExcess][c] / std::max(targets, 1.0f) : 0.0f;
+    work[c] |= targets > 0.0f ? kShares : kKeeps;
+  }
+
+  void share_pass() {  // the work bytes hold the old flags since pass 1
+    each_interface_cell([&](size_t c) { return work[c] & kFlag; },
+                        [&](int x, int y, int z, size_t c) { share_cell(x, y, z, c); });
   }
 
   void gather_pass() {

@@ -61,7 +61,7 @@ from lbm_jax.cases._free_surface_runs import (
     write_static_drop,
 )
 
-__all__ = ["RAINDROP", "prepare", "raindrop_units"]
+__all__ = ["RAINDROP", "floor_and_ceiling", "prepare", "raindrop_units"]
 
 #: The paper's raindrop: sea water, SI units.
 RAINDROP: dict[str, float] = {
@@ -377,7 +377,9 @@ def _impact_shape(dims: int, n: int, opts: dict[str, Any]) -> tuple[int, ...]:
 # -- builders --------------------------------------------------------------------
 
 
-def _walls(shape: tuple[int, ...]) -> np.ndarray:
+def floor_and_ceiling(shape: tuple[int, ...]) -> np.ndarray:
+    """Cell types of a box whose first and last layers along the last (vertical)
+    axis are solid walls, the impact and wave cases' container."""
     from lbm_jax._boundaries import CellType
 
     cell_type = np.zeros(shape, np.int32)
@@ -402,7 +404,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         phi = sphere_fill(shape, [setup.n / 2.0] * d, r)
         rho = 1.0 + 3.0 * (d - 1) * opts["sigma"] / r
     elif setup.case == "capillary_wave":
-        cell_type = _walls(shape)
+        cell_type = floor_and_ceiling(shape)
         k = 2 * math.pi / setup.n
         sub = (np.arange(16) + 0.5) / 16 - 0.5
         x = np.arange(setup.n)[:, None] + sub[None, :]
@@ -410,7 +412,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         z = np.arange(shape[1], dtype=np.float64)
         phi = np.clip(surface[:, :, None] - (z - 0.5), 0.0, 1.0).mean(axis=1)
     else:
-        cell_type = _walls(shape)
+        cell_type = floor_and_ceiling(shape)
         phi, rho, u = _impact_initial(setup, shape)
         gravity = (0.0,) * (d - 1) + (-opts["gravity"],)
     sim = Simulation(

@@ -20,7 +20,7 @@ import pytest
 import lbm_jax
 from lbm_jax import _native
 from lbm_jax.cases import prepare_case
-from lbm_jax.cases.free_surface import _walls, build
+from lbm_jax.cases.free_surface import build, floor_and_ceiling
 from lbm_jax.free_surface import FreeSurface, sphere_fill
 from lbm_jax.free_surface._state import FILL_MARGIN, Flag
 
@@ -72,7 +72,7 @@ def pairs():
     """Per case: the states of the XLA and native steps after STEPS steps."""
     out = {}
     for name, (lattice, shape, storage, gravity, flow) in CASES.items():
-        walls = _walls(shape) if flow == "walls" else None
+        walls = floor_and_ceiling(shape) if flow == "walls" else None
         sim = lbm_jax.Simulation(
             lattice, shape, tau=0.8, storage=storage, cell_type=walls
         )
@@ -127,7 +127,9 @@ def test_gas_and_solid_cells_hold_the_rest_populations(pairs):
 
 
 def _native_step(shape: tuple[int, ...], threads: int):
-    sim = lbm_jax.Simulation("D3Q19", shape, tau=0.8, cell_type=_walls(shape))
+    sim = lbm_jax.Simulation(
+        "D3Q19", shape, tau=0.8, cell_type=floor_and_ceiling(shape)
+    )
     return sim, _native.make_native_free_surface_step(
         sim.lattice,
         sim.storage,
