@@ -507,9 +507,10 @@ def make_native_free_surface_step(
 
     The step runs in place: every input aliases its result (XLA copies an
     input first where it is still needed afterwards, so inside a loop nothing
-    is copied). Gas and solid cells are not written: their populations must be
-    the rest equilibrium already (:meth:`lbm_jax.free_surface.FreeSurface.init`
-    makes them so, and every step keeps them so).
+    is copied). Gas and solid cells are neither read nor written: they keep
+    their populations, the rest equilibrium from
+    :meth:`lbm_jax.free_surface.FreeSurface.init` on (which the XLA step writes
+    every step).
 
     Args:
         lattice, storage, model, shape: The liquid's simulation.
