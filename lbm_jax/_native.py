@@ -175,16 +175,23 @@ def supported(
 
 
 def _needs(
-    lattice: Lattice, storage: StoragePolicy, model: CollisionModel, shape: tuple
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple,
+    *,
+    any_collision: bool = False,
 ) -> tuple[tuple[bool, str], ...]:
-    """What both native steps need of a configuration: ``(met, what)`` pairs."""
+    """What both native steps need of a configuration: ``(met, what)`` pairs
+    (``any_collision``: BGK or TRT, with or without a Smagorinsky model, as the
+    free-surface step covers; else BGK without one)."""
     return (
         (
             lattice.name in LATTICES and lattice == get_lattice(lattice.name),
             "D2Q9, D3Q19 or D3Q27",
         ),
         (
-            model.kind is Collision.BGK and model.smagorinsky == 0,
+            any_collision or (model.kind is Collision.BGK and model.smagorinsky == 0),
             "BGK collision without a Smagorinsky model",
         ),
         (
@@ -440,13 +447,14 @@ def covered_free_surface(
     """Why the native free-surface step does not cover a configuration, or
     ``None`` when it does (the library aside: see :func:`select_free_surface`).
 
-    Covered: D2Q9, D3Q19 and D3Q27 BGK without a subgrid model, FP32/FP32,
-    FP32/FP16S, FP32/FP16C and FP32/bfloat16 storage with DDF-shifting, a grid
+    Covered: D2Q9, D3Q19 and D3Q27, BGK or TRT with or without a Smagorinsky
+    model, FP32/FP32, FP32/FP16S, FP32/FP16C and FP32/bfloat16 storage with
+    DDF-shifting, a grid
     on one device with at least 3 cells along every axis and fewer than 2^31
     cells, on a CPU.
     """
     checks = (
-        *_needs(lattice, storage, model, shape),
+        *_needs(lattice, storage, model, shape, any_collision=True),
         (devices == 1, "a grid on one device"),
         (min(shape) >= 3, "at least 3 cells per axis"),
         (math.prod(shape) < 2**31, "fewer than 2^31 cells"),
@@ -513,7 +521,8 @@ def make_native_free_surface_step(
     every step).
 
     Args:
-        lattice, storage, model, shape: The liquid's simulation.
+        lattice, storage, model, shape: The liquid's simulation (``model``
+            with the free surface's Smagorinsky constant, if any).
         sigma: Surface tension; the gas density is ``1 - 3 (D - 1) sigma kappa``.
         gravity: Acceleration, ``(D,)``; the force density is ``rho g``.
         smoothing: Smoothing passes of the fill field for the curvature.
@@ -561,6 +570,12 @@ def make_native_free_surface_step(
         "fill_limit": np.float32(fill_limit),
         "gas_factor": np.float32(3 * (lattice.d - 1) * sigma),
         "gravity": np.array(gravity, np.float32),
+        "omega_minus": np.float32(model.omega_minus),
+        "tau": np.float32(model.tau),
+        "magic": np.float32(model.magic),
+        # as lbm_jax._collision rounds it (0: no Smagorinsky model)
+        "smagorinsky_c2": np.float32(18.0 * math.sqrt(2.0) * model.smagorinsky**2),
+        "trt": np.int64(model.kind is Collision.TRT),
         "passes": np.int64(smoothing),
         "threads": np.int64(n),
         "poison": np.int64(poison),

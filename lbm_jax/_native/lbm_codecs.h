@@ -227,6 +227,7 @@ struct Scalar {
   static V mul(V a, V b) { return a * b; }
   static V div(V a, V b) { return a / b; }
   static V fma(V a, V b, V c) { return __builtin_fmaf(a, b, c); }
+  static V sqrt(V a) { return __builtin_sqrtf(a); }
   static constexpr int width = 1;
 };
 
@@ -240,6 +241,7 @@ struct Avx {
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V sqrt(V a) { return _mm256_sqrt_ps(a); }
   static constexpr int width = 8;
 };
 

@@ -12,7 +12,8 @@
 //      compactly), then the curvature of every interface cell;
 //   1. stream-collide: pull streaming with bounce-back from solid cells and
 //      the gas reconstruction on interface cells, the mass exchange
-//      (compensated sum), BGK collision with gravity as a Guo force, and the
+//      (compensated sum), BGK or TRT collision (relaxation rates constant or
+//      from the Smagorinsky model) with gravity as a Guo force, and the
 //      conversion marks of interface cells;
 //   2. convert: marks applied (filling takes precedence over emptying; fluid
 //      next to an emptied cell and gas next to a filled one become interface,
@@ -69,12 +70,14 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   using B::gather_pass;
 
   // ------------------------------------------------------------ pass 1
-  // BGK with Guo forcing by the force density rho g, on cells z .. z + width - 1
-  // of the Q rows buf[i * n + z], in place; rho and u into rho_t and u_t.
+  // BGK or TRT with Guo forcing by the force density rho g, on cells
+  // z .. z + width - 1 of the Q rows buf[i * n + z], in place; rho and u into
+  // rho_t and u_t. The relaxation rates are the model's, or each cell's from
+  // the Smagorinsky model, as lbm_jax._collision.collide computes them.
   template <class A, bool Force>
   void collide(float* buf, int n, int z, float* rho_t, float* u_t) const {
     using V = typename A::V;
-    V fi[Q];
+    V fi[Q], neq[Q], cu[Q], cf[Q];
     V s = A::set(0.0f);
     V j[3] = {A::set(0.0f), A::set(0.0f), A::set(0.0f)};
     unroll<Q>([&](auto i) {
@@ -98,25 +101,59 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
       A::store(u_t + a * n + z, u[a]);
     });
     A::store(rho_t + z, rho);
-    const V omega = A::set(p.omega);
-    unroll<Q>([&](auto i) {
-      V cu = A::set(0.0f), cf = A::set(0.0f);
+    unroll<Q>([&](auto i) {  // the non-equilibrium parts
+      cu[i] = A::set(0.0f), cf[i] = A::set(0.0f);
       unroll<D>([&](auto a) {
         constexpr int c = L::C[i][a];
-        if constexpr (c == 1) cu = A::add(cu, u[a]), cf = A::add(cf, force[a]);
-        if constexpr (c == -1) cu = A::sub(cu, u[a]), cf = A::sub(cf, force[a]);
+        if constexpr (c == 1) cu[i] = A::add(cu[i], u[a]), cf[i] = A::add(cf[i], force[a]);
+        if constexpr (c == -1) cu[i] = A::sub(cu[i], u[a]), cf[i] = A::sub(cf[i], force[a]);
       });
       const V w = A::set(L::W[i]);
-      const V poly = A::sub(A::add(A::mul(A::set(3.0f), cu),
-                                   A::mul(A::set(4.5f), A::mul(cu, cu))),
+      const V poly = A::sub(A::add(A::mul(A::set(3.0f), cu[i]),
+                                   A::mul(A::set(4.5f), A::mul(cu[i], cu[i]))),
                             A::mul(A::set(1.5f), usq));
       const V feq = A::add(A::mul(A::mul(w, rho), poly), A::mul(w, s));
-      V out = A::sub(fi[i], A::mul(omega, A::sub(fi[i], feq)));
+      neq[i] = A::sub(fi[i], feq);
+    });
+    V wp = A::set(p.omega), wm = A::set(p.omega_minus), cp = A::set(p.cp), cm = A::set(p.cm);
+    if (p.smagorinsky) {  // tau from the non-equilibrium stress |Pi|
+      V pi2 = A::set(0.0f);
+      unroll<D>([&](auto a) {
+        unroll<D>([&](auto b) {
+          V pab = A::set(0.0f);
+          unroll<Q>([&](auto i) {
+            constexpr int c = L::C[i][a] * L::C[i][b];
+            if constexpr (c == 1) pab = A::add(pab, neq[i]);
+            if constexpr (c == -1) pab = A::sub(pab, neq[i]);
+          });
+          pi2 = A::add(pi2, A::mul(pab, pab));
+        });
+      });
+      const V tau0 = A::set(p.tau), half = A::set(0.5f), one = A::set(1.0f);
+      const V root = A::sqrt(A::add(A::mul(tau0, tau0),
+                                    A::div(A::mul(A::set(p.c2), A::sqrt(pi2)), rho)));
+      const V tau = A::mul(half, A::add(tau0, root));
+      wp = A::div(one, tau);
+      wm = p.trt ? A::div(one, A::add(A::div(A::set(p.magic), A::sub(tau, half)), half)) : wp;
+      cp = A::sub(one, A::mul(half, wp));
+      cm = A::sub(one, A::mul(half, wm));
+    }
+    const V hp = A::mul(A::set(0.5f), wp), hm = A::mul(A::set(0.5f), wm);
+    unroll<Q>([&](auto i) {
+      V out;
+      if (p.trt) {
+        const V opp = neq[L::OPP[i]];
+        out = A::sub(A::sub(fi[i], A::mul(hp, A::add(neq[i], opp))),
+                     A::mul(hm, A::sub(neq[i], opp)));
+      } else {
+        out = A::sub(fi[i], A::mul(wp, neq[i]));
+      }
       if constexpr (Force) {
-        const V sym = A::mul(w, A::sub(A::mul(A::set(9.0f), A::mul(cu, cf)),
+        const V w = A::set(L::W[i]);
+        const V sym = A::mul(w, A::sub(A::mul(A::set(9.0f), A::mul(cu[i], cf[i])),
                                        A::mul(A::set(3.0f), uf)));
-        const V anti = A::mul(w, A::mul(A::set(3.0f), cf));
-        out = A::add(A::add(out, A::mul(A::set(p.cp), sym)), A::mul(A::set(p.cm), anti));
+        const V anti = A::mul(w, A::mul(A::set(3.0f), cf[i]));
+        out = A::add(A::add(out, A::mul(cp, sym)), A::mul(cm, anti));
       }
       A::store(buf + i * n + z, out);
     });
@@ -457,8 +494,9 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                          ffi::Result<ffi::AnyBuffer> ints,
                          ffi::Result<ffi::AnyBuffer> saved, float omega, float cp,
                          float cm, float fill_limit, float gas_factor,
-                         ffi::Span<const float> gravity, int64_t passes,
-                         int64_t threads, int64_t poison) {
+                         ffi::Span<const float> gravity, float omega_minus,
+                         float tau, float magic, float smagorinsky_c2, int64_t trt,
+                         int64_t passes, int64_t threads, int64_t poison) {
     (void)flags_in, (void)mass_in, (void)carry_in;  // aliased with the results
     // f_in and g_out alias too: the step runs in place
     auto dims = f_in.dimensions();
@@ -491,6 +529,8 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
           "have the wrong dtype or size, or the populations are not aliased");
     s.p = Params{omega, cp, cm, fill_limit, gas_factor, {0.0f, 0.0f, 0.0f},
                  static_cast<int>(passes), false};
+    s.p.omega_minus = omega_minus, s.p.tau = tau, s.p.magic = magic, s.p.c2 = smagorinsky_c2;
+    s.p.trt = trt != 0, s.p.smagorinsky = smagorinsky_c2 > 0.0f;
     for (int a = 0; a < D; ++a) {
       s.p.g[a] = gravity.begin()[a];
       s.p.gravity = s.p.gravity || s.p.g[a] != 0.0f;
@@ -540,6 +580,11 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
                                     .Attr<float>("fill_limit")               \
                                     .Attr<float>("gas_factor")               \
                                     .Attr<ffi::Span<const float>>("gravity") \
+                                    .Attr<float>("omega_minus")              \
+                                    .Attr<float>("tau")                      \
+                                    .Attr<float>("magic")                    \
+                                    .Attr<float>("smagorinsky_c2")           \
+                                    .Attr<int64_t>("trt")                    \
                                     .Attr<int64_t>("passes")                 \
                                     .Attr<int64_t>("threads")                \
                                     .Attr<int64_t>("poison"));

@@ -38,6 +38,9 @@ struct Params {
   float g[3];
   int passes;
   bool gravity;
+  // TRT (omega_minus, magic) and the Smagorinsky model (c2 = 18 sqrt(2) C^2)
+  float omega_minus, tau, magic, c2;
+  bool trt, smagorinsky;
 };
 
 inline int wrap(int v, int n) { return v < 0 ? v + n : v >= n ? v - n : v; }

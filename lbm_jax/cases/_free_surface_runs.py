@@ -99,7 +99,7 @@ def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
+        "step_kernel": fs.kernel,
         "radius_volume": radius,
         "laplace_pressure": pressure,
         "laplace_theory": theory,
@@ -140,7 +140,7 @@ def run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
+        "step_kernel": fs.kernel,
         "frequency": fit["frequency"],
         "frequency_error": abs(fit["frequency"] - w) / w,
         "damping": fit["damping"],
@@ -212,7 +212,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.sim.kernel,
+        "step_kernel": fs.kernel,
         "crown_exponent": exponent,
         "crown_prefactor": prefactor,
         "crown_fit_samples": int(window.sum()),

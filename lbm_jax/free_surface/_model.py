@@ -57,7 +57,7 @@ from jax.typing import ArrayLike
 
 from lbm_jax import _native
 from lbm_jax._boundaries import CellType
-from lbm_jax._collision import moments
+from lbm_jax._collision import CollisionModel, moments
 from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
@@ -93,9 +93,10 @@ class FreeSurface:
             flows whose ``tau`` is very close to 1/2 (e.g. a physical raindrop
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
         kernel: The step's implementation: ``"auto"`` (default) runs the native
-            C++ CPU step where it covers the configuration (D2Q9/D3Q19/D3Q27
-            BGK without a subgrid model, FP32 or 16-bit DDF-shifted storage,
-            one device, a CPU) and the XLA step elsewhere, warning
+            C++ CPU step where it covers the configuration (D2Q9/D3Q19/D3Q27,
+            BGK or TRT, with or without the subgrid model, FP32 or 16-bit
+            DDF-shifted storage, one device, a CPU) and the XLA step elsewhere,
+            warning
             (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
             be built; ``"native"`` requires it; ``"xla"`` runs the XLA step.
             :attr:`kernel` says which runs.
@@ -163,18 +164,23 @@ class FreeSurface:
                 f"smagorinsky (the Smagorinsky constant) must be in [0, 1], got "
                 f"{smagorinsky}; 0.1 to 0.2 is usual."
             )
-        model = sim.collision
-        if smagorinsky:
-            model = dataclasses.replace(model, smagorinsky=smagorinsky)
-        native = _native.select_free_surface(
-            kernel, sim.lattice, sim.storage, model, sim.shape, sim.devices
-        )
-        self.kernel = "native" if native else "xla"
         self.sim = sim
         self.smagorinsky = smagorinsky
+        native = _native.select_free_surface(
+            kernel, sim.lattice, sim.storage, self.collision, sim.shape, sim.devices
+        )
+        self.kernel = "native" if native else "xla"
         self.sigma = sigma
         self.gravity = g
         self.smoothing = smoothing
+
+    @property
+    def collision(self) -> CollisionModel:
+        """The liquid's collision model, the Smagorinsky constant included."""
+        model = self.sim.collision
+        if self.smagorinsky:
+            model = dataclasses.replace(model, smagorinsky=self.smagorinsky)
+        return model
 
     def __repr__(self) -> str:
         return (
@@ -295,7 +301,7 @@ class FreeSurface:
         step = _native.make_native_free_surface_step(
             self.sim.lattice,
             self.sim.storage,
-            self.sim.collision,
+            self.collision,
             self.sim.shape,
             sigma=self.sigma,
             gravity=self.gravity,

@@ -9,7 +9,6 @@ recomputes the whole producer chain for every neighbour a later phase reads.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -120,9 +119,7 @@ def _collide(
     """Collision with gravity as a Guo force of density ``rho g``:
     ``(out, rho, u)`` (``rho`` 1 outside the liquid)."""
     sim = fs.sim
-    lat, shift, model = sim.lattice, sim.storage.shift, sim.collision
-    if fs.smagorinsky:
-        model = dataclasses.replace(model, smagorinsky=fs.smagorinsky)
+    lat, shift, model = sim.lattice, sim.storage.shift, fs.collision
     one = jnp.ones((), fin.dtype)
     rho_in, _ = moments(lat, fin, shift=shift)
     rho_in = jnp.where(liquid, rho_in, one)

@@ -37,6 +37,20 @@ CASES = {
     "falling-drop-3d-fp16s": ("D3Q19", (20, 18, 22), "fp16s", (0, 0, -1e-4), "drop"),
     # a floor and a ceiling (solid cells), as the impact cases have
     "drop-on-a-floor-3d": ("D3Q19", (16, 14, 20), "fp32", (0, 0, -1e-4), "walls"),
+    # the impact cases' collision: TRT, with and without the Smagorinsky model
+    "falling-drop-2d-trt": ("D2Q9", (48, 40), "fp32", (0.0, -2e-4), "drop"),
+    "drop-on-a-floor-3d-trt-smagorinsky": (
+        "D3Q19",
+        (16, 14, 20),
+        "fp16s",
+        (0, 0, -1e-4),
+        "walls",
+    ),
+}
+# (collision, Smagorinsky constant) where not BGK without one
+MODELS = {
+    "falling-drop-2d-trt": ("trt", 0.0),
+    "drop-on-a-floor-3d-trt-smagorinsky": ("trt", 0.15),
 }
 # absolute tolerances of (populations, mass) per storage (see the docstring)
 TOLERANCE = {"fp32": (1e-6, 1e-5), "fp16s": (1e-4, 5e-4)}
@@ -73,13 +87,21 @@ def pairs():
     out = {}
     for name, (lattice, shape, storage, gravity, flow) in CASES.items():
         walls = floor_and_ceiling(shape) if flow == "walls" else None
+        collision, smagorinsky = MODELS.get(name, ("bgk", 0.0))
         sim = lbm_jax.Simulation(
-            lattice, shape, tau=0.8, storage=storage, cell_type=walls
+            lattice,
+            shape,
+            tau=0.8,
+            storage=storage,
+            cell_type=walls,
+            collision=collision,
         )
         phi, u = _fill(shape, flow)
         states = {}
         for kernel in ("xla", "native"):
-            fs = FreeSurface(sim, sigma=0.01, gravity=gravity, kernel=kernel)
+            fs = FreeSurface(
+                sim, sigma=0.01, gravity=gravity, smagorinsky=smagorinsky, kernel=kernel
+            )
             assert fs.kernel == kernel
             state0 = fs.init(phi, u=u)
             run = jax.jit(
@@ -191,9 +213,10 @@ def test_native_step_conserves_mass_over_a_run():
 def test_validation_cases_run_the_native_step():
     fs, _ = build(prepare_case("static_drop", n=32, radius=8.0))
     assert fs.kernel == "native"
-    # the impacts' TRT collision with a subgrid model is not covered: XLA
+    # the impacts: TRT with the Smagorinsky model
     fs, _ = build(prepare_case("drop_impact", dims=2))
-    assert fs.kernel == "xla"
+    assert fs.kernel == "native"
+    assert fs.collision.kind.value == "trt" and fs.collision.smagorinsky > 0
 
 
 def _sim(**kwargs) -> lbm_jax.Simulation:
@@ -201,9 +224,9 @@ def _sim(**kwargs) -> lbm_jax.Simulation:
 
 
 def test_uncovered_configurations_run_the_xla_step():
-    assert FreeSurface(_sim(collision="trt")).kernel == "xla"
-    assert FreeSurface(_sim(), smagorinsky=0.1).kernel == "xla"
+    assert FreeSurface(_sim(collision="trt"), smagorinsky=0.1).kernel == "native"
     assert FreeSurface(_sim(storage="posit16")).kernel == "xla"
+    assert FreeSurface(_sim(storage="fp16s", shift=False)).kernel == "xla"
     assert FreeSurface(_sim(), kernel="XLA").kernel == "xla"
     assert "kernel='xla'" in repr(FreeSurface(_sim(), kernel="xla"))
 
@@ -211,8 +234,6 @@ def test_uncovered_configurations_run_the_xla_step():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: FreeSurface(_sim(collision="trt"), kernel="native"), "BGK collision"),
-        (lambda: FreeSurface(_sim(), smagorinsky=0.1, kernel="native"), "Smagorinsky"),
         (lambda: FreeSurface(_sim(storage="posit16"), kernel="native"), "storage"),
         (lambda: FreeSurface(_sim(), kernel="gpu"), "'auto', 'native' or 'xla'"),
         (lambda: FreeSurface(_sim(), kernel="fast"), "kernel must be one of"),
