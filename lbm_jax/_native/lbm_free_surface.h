@@ -54,6 +54,30 @@ inline void two_sum(float& mass, float& carry, float add) {
 }
 
 
+// out[z] = sum_j k[j] in_j[z], z0 <= z < z1, for the w rows in_j (w = W when
+// W > 0: the taps unrolled, the cells vectorised). One copy for every lattice
+// and storage (not inlined: it runs once per row).
+template <int W>
+__attribute__((noinline)) void row_sum(const float* const* in, const float* k, int w,
+                                       float* out, int z0, int z1) {
+  const int taps = W > 0 ? W : w;
+  for (int z = z0; z < z1; ++z) {
+    float sum = k[0] * in[0][z];
+    for (int j = 1; j < taps; ++j) sum = sum + k[j] * in[j][z];
+    out[z] = sum;
+  }
+}
+inline void row_sum(const float* const* in, const float* k, int w, float* out, int z0,
+                    int z1) {
+  switch (w) {  // smoothing 0 to 3 passes
+    case 3: return row_sum<3>(in, k, w, out, z0, z1);
+    case 5: return row_sum<5>(in, k, w, out, z0, z1);
+    case 7: return row_sum<7>(in, k, w, out, z0, z1);
+    case 9: return row_sum<9>(in, k, w, out, z0, z1);
+    default: return row_sum<0>(in, k, w, out, z0, z1);
+  }
+}
+
 template <class L, class S>
 struct FreeSurfaceGrid {
   using T = typename S::T;
@@ -229,29 +253,6 @@ struct FreeSurfaceGrid {
       const double mid = j >= 1 && j < 2 * h ? b[j - 1] : 0.0;
       smooth[j] = static_cast<float>(0.25 * at + 0.5 * mid + 0.25 * before);
       diff[j] = static_cast<float>(0.5 * (before - at));
-    }
-  }
-
-  // out[z] = sum_j k[j] in_j[z], z0 <= z < z1, for the w rows in_j (w = W when
-  // W > 0: the taps unrolled, the cells vectorised).
-  template <int W>
-  static void row_sum(const float* const* in, const float* k, int w, float* out, int z0,
-                      int z1) {
-    const int taps = W > 0 ? W : w;
-    for (int z = z0; z < z1; ++z) {
-      float sum = k[0] * in[0][z];
-      for (int j = 1; j < taps; ++j) sum = sum + k[j] * in[j][z];
-      out[z] = sum;
-    }
-  }
-  static void row_sum(const float* const* in, const float* k, int w, float* out, int z0,
-                      int z1) {
-    switch (w) {  // smoothing 0 to 3 passes
-      case 3: return row_sum<3>(in, k, w, out, z0, z1);
-      case 5: return row_sum<5>(in, k, w, out, z0, z1);
-      case 7: return row_sum<7>(in, k, w, out, z0, z1);
-      case 9: return row_sum<9>(in, k, w, out, z0, z1);
-      default: return row_sum<0>(in, k, w, out, z0, z1);
     }
   }
 
