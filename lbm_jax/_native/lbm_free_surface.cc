@@ -371,12 +371,6 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
     if (a < b) tile(t, x, y0, ty, a, b - a, source);
   }
 
-  // The tiles of x-plane x: k-th at y0 = (k / tiles_z) ty, z0 = (k % tiles_z) tz.
-  struct Tiling {
-    int ty, tz, tiles_y, tiles_z;
-    int count() const { return tiles_y * tiles_z; }
-  };
-
   // The directions leaving an x-plane upwards (c_x = 1) and downwards.
   struct Across {
     int up[Q], down[Q], n = 0;  // n of each
