@@ -96,9 +96,8 @@ class FreeSurface:
             C++ CPU step where it covers the configuration (D2Q9/D3Q19/D3Q27,
             BGK or TRT, with or without the subgrid model, FP32 or 16-bit
             DDF-shifted storage, one device, a CPU) and the XLA step elsewhere,
-            warning
-            (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
-            be built; ``"native"`` requires it; ``"xla"`` runs the XLA step.
+            warning (:class:`lbm_jax.NativeStepWarning`) when the native library
+            cannot be built; ``"native"`` requires it; ``"xla"`` runs the XLA step.
             :attr:`kernel` says which runs.
 
     Raises:
