@@ -175,24 +175,15 @@ def supported(
 
 
 def _needs(
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    shape: tuple,
-    *,
-    any_collision: bool = False,
+    lattice: Lattice, storage: StoragePolicy, shape: tuple
 ) -> tuple[tuple[bool, str], ...]:
     """What both native steps need of a configuration: ``(met, what)`` pairs
-    (``any_collision``: BGK or TRT, with or without a Smagorinsky model, as the
-    free-surface step covers; else BGK without one)."""
+    (the plain step also needs BGK without a Smagorinsky model; the
+    free-surface step takes BGK or TRT, with or without one)."""
     return (
         (
             lattice.name in LATTICES and lattice == get_lattice(lattice.name),
             "D2Q9, D3Q19 or D3Q27",
-        ),
-        (
-            any_collision or (model.kind is Collision.BGK and model.smagorinsky == 0),
-            "BGK collision without a Smagorinsky model",
         ),
         (
             storage.short_name in _STORAGES and storage.shift,
@@ -213,7 +204,9 @@ def _covered(
 ) -> bool:
     """The configuration part of :func:`supported` (the library aside)."""
     return (
-        all(met for met, _ in _needs(lattice, storage, model, shape))
+        all(met for met, _ in _needs(lattice, storage, shape))
+        and model.kind is Collision.BGK
+        and model.smagorinsky == 0
         and math.prod(shape[1:]) >= MIN_PLANE_CELLS
         and not (lattice.d == 2 and force and boundaries and shape[-1] % 8)
     )
@@ -440,21 +433,19 @@ FREE_SURFACE_ROW_INTS = 19
 def covered_free_surface(
     lattice: Lattice,
     storage: StoragePolicy,
-    model: CollisionModel,
     shape: tuple[int, ...],
     devices: int,
 ) -> str | None:
     """Why the native free-surface step does not cover a configuration, or
     ``None`` when it does (the library aside: see :func:`select_free_surface`).
 
-    Covered: D2Q9, D3Q19 and D3Q27, BGK or TRT with or without a Smagorinsky
-    model, FP32/FP32, FP32/FP16S, FP32/FP16C and FP32/bfloat16 storage with
-    DDF-shifting, a grid
-    on one device with at least 3 cells along every axis and fewer than 2^31
-    cells, on a CPU.
+    Covered: D2Q9, D3Q19 and D3Q27 (any collision: BGK or TRT, with or without
+    a Smagorinsky model), FP32/FP32, FP32/FP16S, FP32/FP16C and FP32/bfloat16
+    storage with DDF-shifting, a grid on one device with at least 3 cells along
+    every axis and fewer than 2^31 cells, on a CPU.
     """
     checks = (
-        *_needs(lattice, storage, model, shape, any_collision=True),
+        *_needs(lattice, storage, shape),
         (devices == 1, "a grid on one device"),
         (min(shape) >= 3, "at least 3 cells per axis"),
         (math.prod(shape) < 2**31, "fewer than 2^31 cells"),
@@ -469,7 +460,6 @@ def select_free_surface(
     kernel: str,
     lattice: Lattice,
     storage: StoragePolicy,
-    model: CollisionModel,
     shape: tuple[int, ...],
     devices: int,
 ) -> bool:
@@ -492,7 +482,7 @@ def select_free_surface(
         )
     if choice == "xla":
         return False
-    why_not = covered_free_surface(lattice, storage, model, shape, devices)
+    why_not = covered_free_surface(lattice, storage, shape, devices)
     return _choose(choice, why_not, "free-surface model")
 
 
@@ -536,7 +526,7 @@ def make_native_free_surface_step(
         ValueError: If :func:`covered_free_surface` says no (with why).
     """
     shape = tuple(int(s) for s in shape)
-    why = covered_free_surface(lattice, storage, model, shape, 1)
+    why = covered_free_surface(lattice, storage, shape, 1)
     if why is not None:
         raise ValueError(why)
     cells = math.prod(shape)

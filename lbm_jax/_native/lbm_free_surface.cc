@@ -259,60 +259,54 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   void tile(Tile& t, int x, int y0, int ty, int z0, int tz, const T* const* source) {
     const int n = ty * tz;
     t.x = x, t.y0 = y0, t.ty = ty, t.z0 = z0, t.tz = tz;
-    uint8_t* kind = t.kind.data();
-    bool liquid = false;
-    for (int r = 0; r < ty; ++r) {
-      liquid = liquid || (row[x * ny + y0 + r] & kRowLiquid);
-      std::memcpy(kind + r * tz, flags + cell(x, y0 + r, z0), tz);
-    }
-    if (liquid) {
-      for (int i = 0; i < Q; ++i) {
-        const int xs = wrap(x - cx(i), nx);
-        for (int r = 0; r < ty; ++r) {
-          const int y = y0 + r;
-          float* in = t.in.data() + i * n + r * tz;
-          pull(source[i], nz, i, x, y, z0, tz, in,
-               [](const T* s, float* d, int m) { decode<S>(s, d, m); });
-          pull(flags + cell(xs, 0, 0), nz, i, x, y, z0, tz, t.fl.data() + i * n + r * tz,
-               [](const int8_t* s, uint8_t* d, int m) { std::memcpy(d, s, m); });
-          decode<S>(f + pop(i, x, y, z0), t.own.data() + i * n + r * tz, tz);
-        }
-      }
-      std::fill(t.dm.begin(), t.dm.begin() + n, 0.0f);
-      links(t, n);
+    uint8_t* kind = t.kind.data();  // the box holds liquid (liquid_tile)
+    for (int r = 0; r < ty; ++r) std::memcpy(kind + r * tz, flags + cell(x, y0 + r, z0), tz);
+    for (int i = 0; i < Q; ++i) {
+      const int xs = wrap(x - cx(i), nx);
       for (int r = 0; r < ty; ++r) {
-        if (!(row[x * ny + y0 + r] & kRowI)) continue;
-        for (int z = 0; z < tz; ++z)
-          if (kind[r * tz + z] == kInterface)
-            interface_cell(t, n, r * tz + z, x, y0 + r, z0 + z);
+        const int y = y0 + r;
+        float* in = t.in.data() + i * n + r * tz;
+        pull(source[i], nz, i, x, y, z0, tz, in,
+             [](const T* s, float* d, int m) { decode<S>(s, d, m); });
+        pull(flags + cell(xs, 0, 0), nz, i, x, y, z0, tz, t.fl.data() + i * n + r * tz,
+             [](const int8_t* s, uint8_t* d, int m) { std::memcpy(d, s, m); });
+        decode<S>(f + pop(i, x, y, z0), t.own.data() + i * n + r * tz, tz);
       }
-      for (int r = 0; r < ty; ++r) {  // mass += dm in the liquid (compensated)
-        float* m = mass + cell(x, y0 + r, z0);
-        float* e = carry + cell(x, y0 + r, z0);
-        const float* dm = t.dm.data() + r * tz;
-        const uint8_t* fl = kind + r * tz;
-        int z = 0;
-        for (; z + 8 <= tz; z += 8) {
-          const __m256 a = _mm256_loadu_ps(m + z), b = _mm256_loadu_ps(dm + z);
-          const __m256 total = _mm256_add_ps(a, b), back = _mm256_sub_ps(total, a);
-          const __m256 err = _mm256_add_ps(_mm256_sub_ps(a, _mm256_sub_ps(total, back)),
-                                           _mm256_sub_ps(b, back));
-          const __m256 liquid = is8(fl + z, kFluid, kInterface);
-          const __m256 c = _mm256_loadu_ps(e + z);
-          _mm256_storeu_ps(m + z, _mm256_blendv_ps(a, total, liquid));
-          _mm256_storeu_ps(e + z, _mm256_blendv_ps(c, _mm256_add_ps(c, err), liquid));
-        }
-        for (; z < tz; ++z)
-          if (fl[z] == kInterface || fl[z] == kFluid) two_sum(m[z], e[z], dm[z]);
+    }
+    std::fill(t.dm.begin(), t.dm.begin() + n, 0.0f);
+    links(t, n);
+    for (int r = 0; r < ty; ++r) {
+      if (!(row[x * ny + y0 + r] & kRowI)) continue;
+      for (int z = 0; z < tz; ++z)
+        if (kind[r * tz + z] == kInterface)
+          interface_cell(t, n, r * tz + z, x, y0 + r, z0 + z);
+    }
+    for (int r = 0; r < ty; ++r) {  // mass += dm in the liquid (compensated)
+      float* m = mass + cell(x, y0 + r, z0);
+      float* e = carry + cell(x, y0 + r, z0);
+      const float* dm = t.dm.data() + r * tz;
+      const uint8_t* fl = kind + r * tz;
+      int z = 0;
+      for (; z + 8 <= tz; z += 8) {
+        const __m256 a = _mm256_loadu_ps(m + z), b = _mm256_loadu_ps(dm + z);
+        const __m256 total = _mm256_add_ps(a, b), back = _mm256_sub_ps(total, a);
+        const __m256 err = _mm256_add_ps(_mm256_sub_ps(a, _mm256_sub_ps(total, back)),
+                                         _mm256_sub_ps(b, back));
+        const __m256 liquid = is8(fl + z, kFluid, kInterface);
+        const __m256 c = _mm256_loadu_ps(e + z);
+        _mm256_storeu_ps(m + z, _mm256_blendv_ps(a, total, liquid));
+        _mm256_storeu_ps(e + z, _mm256_blendv_ps(c, _mm256_add_ps(c, err), liquid));
       }
-      int k = 0;
-      if (p.gravity) {
-        for (; k + 8 <= n; k += 8) collide<Avx, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
-        for (; k < n; ++k) collide<Scalar, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
-      } else {
-        for (; k + 8 <= n; k += 8) collide<Avx, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
-        for (; k < n; ++k) collide<Scalar, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
-      }
+      for (; z < tz; ++z)
+        if (fl[z] == kInterface || fl[z] == kFluid) two_sum(m[z], e[z], dm[z]);
+    }
+    int k = 0;
+    if (p.gravity) {
+      for (; k + 8 <= n; k += 8) collide<Avx, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
+      for (; k < n; ++k) collide<Scalar, true>(t.in.data(), n, k, t.rho.data(), t.u.data());
+    } else {
+      for (; k + 8 <= n; k += 8) collide<Avx, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
+      for (; k < n; ++k) collide<Scalar, false>(t.in.data(), n, k, t.rho.data(), t.u.data());
     }
     for (int r = 0; r < ty; ++r) {  // the marks (liquid_tile copied the old flags)
       const int y = y0 + r;

@@ -166,7 +166,7 @@ class FreeSurface:
         self.sim = sim
         self.smagorinsky = smagorinsky
         native = _native.select_free_surface(
-            kernel, sim.lattice, sim.storage, self.collision, sim.shape, sim.devices
+            kernel, sim.lattice, sim.storage, sim.shape, sim.devices
         )
         self.kernel = "native" if native else "xla"
         self.sigma = sigma
