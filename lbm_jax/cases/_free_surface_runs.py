@@ -194,19 +194,30 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     result = _drive(fs, state, setup, observe, opts["sample_every"], driver)
     values = {k: np.asarray(v) for k, v in result.samples.values.items()}
     t = np.asarray(result.samples.steps, np.float64)
+    ceiling = shape[-1] - 1.5  # the face of the ceiling wall (the last layer)
     rows = [
-        crown(top, layer, geo["centre"], geo["level"], setup.n)
+        crown(top, layer, geo["centre"], geo["level"], setup.n, ceiling)
         for top, layer in zip(values["top"], values["layer"], strict=True)
     ]
     series = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     tau = (t - geo["contact_step"]) * setup.u_ref / setup.n
-    window = (tau >= CROWN_START) & np.isfinite(series["crown_radius"])
-    exponent, prefactor = power_law(
-        tau[window], series["crown_radius"][window] / setup.n
-    )
+    radius = series["crown_radius"]
+    window = (tau >= CROWN_START) & np.isfinite(radius)
+    exponent, prefactor = power_law(tau[window], radius[window] / setup.n)
     warnings = _crown_warnings(setup, geo["contact_step"], tau[window])
     if warnings:
         exponent = prefactor = math.nan
+    touched = np.flatnonzero(series["at_ceiling"])
+    ceiling_contact = float(tau[touched[0]]) if touched.size else math.nan
+    if touched.size:
+        warnings.append(
+            f"the splash reached the box's ceiling at t U / D = {ceiling_contact:.2f} "
+            f"(step {int(t[touched[0]])}): from there the highest liquid is where it "
+            "meets the ceiling, so the crown radius is left unmeasured (NaN) and the "
+            "crown height stands at the box's top; a taller box (run_case's height, "
+            "in drop diameters) keeps the crown measurable."
+        )
+    measured = np.flatnonzero(np.isfinite(radius))
     fields = _fields(fs, result.state)
     mass = np.concatenate([[start], values["mass"]])
     metrics = {
@@ -216,7 +227,10 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
         "crown_exponent": exponent,
         "crown_prefactor": prefactor,
         "crown_fit_samples": int(window.sum()),
-        "crown_radius_final": float(series["crown_radius"][-1] / setup.n),
+        "crown_radius_final": (
+            float(radius[measured[-1]] / setup.n) if measured.size else math.nan
+        ),
+        "ceiling_contact": ceiling_contact,
         "crown_height_max": float(series["crown_height"].max() / setup.n),
         "cavity_depth_max": float(series["cavity_depth"].max() / setup.n),
         "droplets": count_droplets(fields["phi"] >= 0.5),

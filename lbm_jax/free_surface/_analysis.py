@@ -66,6 +66,7 @@ def crown(
     centre: tuple[float, ...],
     level: float,
     diameter: float,
+    ceiling: float | None = None,
 ) -> dict[str, float]:
     """Crown radius and height and cavity depth from one pair of surface maps.
 
@@ -75,13 +76,17 @@ def crown(
         centre: Impact point (the horizontal coordinates of the drop's axis).
         level: Undisturbed pool surface height (in the units of ``top``).
         diameter: Drop diameter in cells.
+        ceiling: Height of the box's ceiling (its wall's face), if it has one.
 
     Returns:
         ``crown_height`` (highest liquid outside the drop's radius above the
         pool level), ``crown_radius`` (horizontal distance from the axis of that
-        highest point: the rim; NaN while no crown stands one cell high),
+        highest point: the rim; NaN while no crown stands one cell high, and
+        once liquid fills half the cell under the ``ceiling``: the highest
+        point is then wherever the splash meets the ceiling, not the rim),
         ``cavity_depth`` (pool level minus the lowest floor-layer height within
-        a quarter diameter of the axis).
+        a quarter diameter of the axis) and ``at_ceiling`` (1.0 when liquid
+        outside the drop's radius reaches the cell under the ceiling, else 0.0).
     """
     top = np.asarray(top, np.float64)
     layer = np.asarray(layer, np.float64)
@@ -99,11 +104,14 @@ def crown(
         crown_height, crown_radius = 0.0, 0.0
     near = r <= max(0.25 * diameter, 1.0)
     cavity = float(level - layer[near].min()) if np.any(near) else 0.0
-    rim = crown_height >= 1.0  # a crown at least one cell above the pool
+    # top > ceiling - 1: the cell under the ceiling at least half full
+    at_ceiling = ceiling is not None and crown_height + level > ceiling - 1.0
+    rim = crown_height >= 1.0 and not at_ceiling  # a crown a cell above the pool
     return {
         "crown_height": max(crown_height, 0.0),
         "crown_radius": crown_radius if rim else math.nan,
         "cavity_depth": max(cavity, 0.0),
+        "at_ceiling": float(at_ceiling),
     }
 
 

@@ -139,6 +139,24 @@ def test_crown_on_synthetic_maps():
     c3 = crown(top3, np.full((15, 15), 4.0), (7.0, 7.0), 5.0, 4.0)
     assert c3["crown_radius"] == pytest.approx(3.0)
     assert c3["crown_height"] == pytest.approx(2.5)
+    assert c3["at_ceiling"] == 0.0
+
+
+# ceiling face at 11: the cell under it spans [10, 11] and counts as wet in the map
+# from half full (top >= 10.5); top 10 is the cell below it full
+@pytest.mark.parametrize(
+    "top_of_rim, touches", [(10.0, False), (10.5, True), (11.0, True)]
+)
+def test_a_splash_at_the_ceiling_leaves_the_crown_radius_unmeasured(
+    top_of_rim, touches
+):
+    top = np.full(9, 6.0)
+    top[1] = top_of_rim
+    c = crown(top, np.full(9, 6.0), (4.0,), 6.0, 4.0, ceiling=11.0)
+    assert c["at_ceiling"] == float(touches)
+    assert math.isnan(c["crown_radius"]) == touches
+    assert c["crown_height"] == pytest.approx(top_of_rim - 6.0)
+    assert c["cavity_depth"] == 0.0
 
 
 def test_raindrop_units_follow_the_design_definitions():
