@@ -13,6 +13,7 @@ from experiments._accuracy_runs import (
     Settings,
     find_run,
     reference_label,
+    run_status,
     storage_label,
 )
 from experiments._lbm_figures import (
@@ -42,7 +43,7 @@ def table_rows(records: list[dict[str, Any]], keys: Sequence[str]) -> list[list[
     """One table row per record: its label, whether it stayed stable, ``keys``."""
     rows = []
     for r in records:
-        status = "stable" if r["stable"] else "UNSTABLE"
+        status = run_status(r)
         values = [metric(r, k) for k in keys]
         rows.append([r["label"], status, *values])
     return rows

@@ -37,6 +37,7 @@ __all__ = [
     "find_run",
     "reference_label",
     "run_one",
+    "run_status",
     "run_studies",
     "settings_for",
     "storage_label",
@@ -203,7 +204,13 @@ def run_one(
                 case, storage=storage, shift=shift, **options
             )
     except lbm_jax.InstabilityError as err:
-        record.update(stable=False, error=str(err), summary={}, fields=None)
+        record.update(
+            stable=False,
+            error=str(err),
+            unstable_step=err.step,
+            summary={},
+            fields=None,
+        )
     else:
         record.update(stable=True, summary=dict(result.summary), fields=result.fields)
         if "out_dir" in options:
@@ -211,6 +218,15 @@ def run_one(
     if entry is not None:
         _keep(entry, record, options.get("out_dir"))
     return {**record, "reused": False}
+
+
+def run_status(record: dict[str, Any]) -> str:
+    """A run's status for a table: ``stable``, or ``UNSTABLE`` with the step whose
+    health check failed."""
+    if record["stable"]:
+        return "stable"
+    step = record.get("unstable_step")
+    return "UNSTABLE" if step is None else f"UNSTABLE at step {step}"
 
 
 def _run_key(record: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import lbm_jax
+from experiments._accuracy_runs import run_status
 from experiments._report import fmt, markdown_table, new_figure, save_figure
 from experiments.lbm_accuracy import sweep
 from lbm_jax.cases.capsule import DEFAULT_DELTA
@@ -147,7 +148,7 @@ def convergence_table(records: list[dict[str, Any]]) -> str:
                 fmt(r["ca"]),
                 str(r["kernel"]),
                 fmt(r["radius"]),
-                "stable" if r["stable"] else "UNSTABLE",
+                run_status(r),
                 fmt(s.get("taylor_deformation"), ".4f"),
                 fmt(s.get("deformation_theory"), ".4f"),
                 *(fmt(_error(r, key), ".1%") for key, _ in ERRORS),

@@ -44,6 +44,7 @@ import numpy as np
 
 import lbm_jax
 from experiments import _framework
+from experiments._accuracy_runs import run_status
 from experiments._capsule_convergence import (
     Convergence,
     convergence_checks,
@@ -353,7 +354,7 @@ def _compare_with_fp64(
                 [
                     fmt(ca),
                     r["label"],
-                    "stable" if r["stable"] else "UNSTABLE",
+                    run_status(r),
                     fmt(s.get("taylor_deformation"), ".5f"),
                     fmt(r["deviation_vs_fp64"], ".2e"),
                     fmt(s.get("deformation_error"), ".3f"),

@@ -43,6 +43,7 @@ import numpy as np
 import lbm_jax
 import lbm_jax.cases
 from experiments import _framework
+from experiments._accuracy_runs import run_status
 from experiments._free_surface_figures import (
     build_free_surface_2d_figure,
     build_raindrop_crown_figure,
@@ -335,7 +336,7 @@ def _tables(studies: dict[str, Any]) -> dict[str, str]:
     tables = {}
     for (name, columns), records in zip(_COLUMNS.items(), lists, strict=True):
         rows = [
-            [r["label"], "stable" if r["stable"] else "UNSTABLE"]
+            [r["label"], run_status(r)]
             + [fmt(metric(r, key) * f, spec) for _, key, spec, f in columns]
             for r in records
         ]

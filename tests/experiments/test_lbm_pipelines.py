@@ -105,6 +105,19 @@ def _shedding_record(storage, shift, *, phase=0.0, stable=True, **summary):
     }
 
 
+def test_an_unstable_run_records_the_step_its_table_row_names(monkeypatch):
+    from experiments import _accuracy_runs
+
+    def blow_up(case, **kwargs):
+        raise lbm_jax.InstabilityError(step=2800, last_good_step=2700, state=None)
+
+    monkeypatch.setattr(lbm_jax.cases, "run_case", blow_up)
+    record = _accuracy_runs.run_one("poiseuille", "fp16s", True, n=8)
+    assert not record["stable"] and record["unstable_step"] == 2800
+    assert _accuracy_runs.run_status(record) == "UNSTABLE at step 2800"
+    assert _accuracy_runs.run_status({"stable": True}) == "stable"
+
+
 def test_lbm_accuracy_cylinder_compared_by_shedding_statistics_with_fp32():
     case = "cylinder_unconfined"
     fp32 = _shedding_record("fp32", True)
