@@ -85,10 +85,20 @@ def build_raindrop_crown_figure(records: Records, st: Settings) -> Figure:
         ("cavity_depth", "cavity depth below the pool / D (-)"),
     )
     for ax, (key, label) in zip(axes[0], panels, strict=True):
-        for r in _drawn(records, key):
+        drawn = _drawn(records, key)
+        for r in drawn:
             h = r["history"]
             y = np.asarray(h[key], np.float64) / st.raindrop_n
             ax.plot(h["t_impact"], y, color=colour[r["label"]], label=r["label"])
+        if key == "crown_height" and drawn:
+            # the highest a crown can stand: the box's ceiling (heights in D)
+            s = drawn[0]["summary"]
+            ax.axhline(
+                s["height"] - s["depth"],
+                color="0.4",
+                linestyle="--",
+                label="the box's ceiling (crown radius unmeasured from there)",
+            )
         ax.set_xlabel(_TIME)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

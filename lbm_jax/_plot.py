@@ -408,12 +408,14 @@ def crown_figure(
     exponent: float | None,
     prefactor: float | None,
     *,
+    ceiling: float | None = None,
     title: str = "crown",
 ) -> Figure:
     """Crown radius and height and cavity depth over time, with the power-law fit.
 
     All lengths in drop diameters, time in ``t U / D`` after contact. The fit is
-    drawn unless its exponent is missing (``None``/NaN: too few crown samples).
+    drawn unless its exponent is missing (``None``/NaN: too few crown samples);
+    ``ceiling`` (the box's ceiling above the pool) as a reference line.
     """
     t = np.asarray(t, np.float64)
     after = t >= 0
@@ -435,10 +437,12 @@ def crown_figure(
             linestyle="--",
             label=f"fit r = {prefactor:.2f} (t U / D)^{exponent:.2f}",
         )
+    if ceiling is not None:
+        ax.axhline(ceiling, color="0.4", linestyle=":", label="the box's ceiling")
     ax.set_xlabel("time after contact, t U / D")
     ax.set_ylabel("length / drop diameter D")
     ax.set_title(title)
-    ax.legend(loc="best")
+    fig.legend(loc="outside lower center", ncols=3)  # under the axes: hides no data
     return fig
 
 

@@ -312,6 +312,7 @@ def write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
                 extras["cavity_depth"] / n,
                 summary["crown_exponent"],
                 summary["crown_prefactor"],
+                ceiling=summary["height"] - summary["depth"],
                 title=f"crown and cavity: {title}",
             ),
             out / "crown.png",

@@ -107,7 +107,13 @@ def _free_surface_records(runs, **summary):
                 "storage": get_storage(storage).name,
                 "shift": shift,
                 "stable": True,
-                "summary": {"amplitude": 1.0, "damping_theory": 1e-3, **summary},
+                "summary": {
+                    "amplitude": 1.0,
+                    "damping_theory": 1e-3,
+                    "height": 4.25,
+                    "depth": 2.0,
+                    **summary,
+                },
                 "history": {
                     "t_impact": t,
                     "crown_radius": 8.0 * np.sqrt(1.0 + t) + i,
@@ -173,6 +179,14 @@ def test_free_surface_figures_labelled_with_legends_and_one_colour_per_format():
         assert len(texts) == len(set(texts)), texts
         drawn = records[1:] if name == "difference" else records  # not FP32 - FP32
         assert {r["label"] for r in drawn} <= set(texts), (name, texts)
+    # the crown height's reference: the box's ceiling, 2.25 D above the pool
+    ceiling = [
+        line
+        for ax in built["crown"].axes
+        for line in ax.lines
+        if line.get_label().startswith("the box's ceiling")
+    ]
+    assert len(ceiling) == 1 and list(ceiling[0].get_ydata()) == [2.25, 2.25]
     # The slice images carry labelled colour bars in place of a legend.
     bars = [a for a in built["slices"].axes if a.get_label() == "<colorbar>"]
     assert len(bars) == 2 * len(records) - 1

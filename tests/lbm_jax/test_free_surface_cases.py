@@ -402,6 +402,10 @@ def test_free_surface_and_capsule_figures_keep_legends_off_the_data():
     t = np.arange(0, 4000, 50.0)
     fig = _plot.deformation_figure(t, 0.07 * (1 - np.exp(-t / 600)), 0.0625, 1 / 900)
     assert not _covered_by_legend(fig, fig.axes[0]) and fig.legends
+    # the crown's legend sits under the axes, clear of the ceiling's line on top
+    t = np.linspace(0.0, 5.0, 30)
+    fig = _plot.crown_figure(t, 1 + 0.1 * t, 0.4 * t, 0.2 * t, 0.5, 0.9, ceiling=2.25)
+    assert not _covered_by_legend(fig, fig.axes[0]) and fig.legends
     # a 2-D slice's vertical axis is its y axis, a 3-D mid-plane's z
     slices = np.zeros((3, 16, 8))
     fig = _plot.fill_slices_figure(slices, np.arange(3.0), dims=2)
