@@ -92,9 +92,8 @@ def build_raindrop_crown_figure(records: Records, st: Settings) -> Figure:
             ax.plot(h["t_impact"], y, color=colour[r["label"]], label=r["label"])
         if key == "crown_height" and drawn:
             # the highest a crown can stand: the box's ceiling (heights in D)
-            s = drawn[0]["summary"]
             ax.axhline(
-                s["height"] - s["depth"],
+                drawn[0]["summary"]["ceiling_height"],
                 color="0.4",
                 linestyle="--",
                 label="the box's ceiling (crown radius unmeasured from there)",

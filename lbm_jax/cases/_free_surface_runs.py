@@ -29,7 +29,8 @@ __all__ = [
 
 
 def impact_geometry(setup: CaseSetup, shape: tuple[int, ...]) -> dict[str, Any]:
-    """Pool level, drop centre and impact time of an impact case (cells, steps)."""
+    """Pool level, drop centre, ceiling and impact time of an impact case (cells,
+    steps)."""
     n = setup.n
     level = 0.5 + setup.options["depth"] * n  # wall plane at z = 1/2
     centre = tuple((s - 1) / 2.0 for s in shape[:-1])
@@ -38,6 +39,7 @@ def impact_geometry(setup: CaseSetup, shape: tuple[int, ...]) -> dict[str, Any]:
         "level": level,
         "centre": centre,
         "drop": (*centre, drop_z),
+        "ceiling": shape[-1] - 1.5,  # the face of the ceiling wall (the last layer)
         "contact_step": 1.0 / setup.u_ref,
     }
 
@@ -194,9 +196,8 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     result = _drive(fs, state, setup, observe, opts["sample_every"], driver)
     values = {k: np.asarray(v) for k, v in result.samples.values.items()}
     t = np.asarray(result.samples.steps, np.float64)
-    ceiling = shape[-1] - 1.5  # the face of the ceiling wall (the last layer)
     rows = [
-        crown(top, layer, geo["centre"], geo["level"], setup.n, ceiling)
+        crown(top, layer, geo["centre"], geo["level"], setup.n, geo["ceiling"])
         for top, layer in zip(values["top"], values["layer"], strict=True)
     ]
     series = {k: np.array([r[k] for r in rows]) for k in rows[0]}
@@ -231,6 +232,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
             float(radius[measured[-1]] / setup.n) if measured.size else math.nan
         ),
         "ceiling_contact": ceiling_contact,
+        "ceiling_height": (geo["ceiling"] - geo["level"]) / setup.n,
         "crown_height_max": float(series["crown_height"].max() / setup.n),
         "cavity_depth_max": float(series["cavity_depth"].max() / setup.n),
         "droplets": count_droplets(fields["phi"] >= 0.5),
@@ -312,7 +314,7 @@ def write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
                 extras["cavity_depth"] / n,
                 summary["crown_exponent"],
                 summary["crown_prefactor"],
-                ceiling=summary["height"] - summary["depth"],
+                ceiling=summary["ceiling_height"],
                 title=f"crown and cavity: {title}",
             ),
             out / "crown.png",

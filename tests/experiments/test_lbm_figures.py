@@ -110,8 +110,7 @@ def _free_surface_records(runs, **summary):
                 "summary": {
                     "amplitude": 1.0,
                     "damping_theory": 1e-3,
-                    "height": 4.25,
-                    "depth": 2.0,
+                    "ceiling_height": 2.25,
                     **summary,
                 },
                 "history": {
