@@ -86,6 +86,12 @@ class CollisionModel:
         """Kinematic viscosity in lattice units."""
         return viscosity(self.tau)
 
+    @property
+    def smagorinsky_c2(self) -> float:
+        """``18 sqrt(2) C^2``, the subgrid model's factor of ``|Pi| / rho`` in
+        ``tau_eff`` (0 without the model)."""
+        return 18.0 * math.sqrt(2.0) * self.smagorinsky**2
+
 
 def parse_collision(
     collision: str | Collision, tau: float, magic: float
@@ -269,9 +275,10 @@ def _smagorinsky_rates(
         for b in range(d):
             pab = jnp.sum(cs[a] * cs[b] * neq, axis=axis)
             pi2 = pi2 + pab * pab
-    c2 = 18.0 * math.sqrt(2.0) * model.smagorinsky**2
     tau0 = np.asarray(model.tau, dtype)
-    tau = 0.5 * (tau0 + jnp.sqrt(tau0 * tau0 + c2 * jnp.sqrt(pi2) / rho))
+    tau = 0.5 * (
+        tau0 + jnp.sqrt(tau0 * tau0 + model.smagorinsky_c2 * jnp.sqrt(pi2) / rho)
+    )
     wp = _expand(1 / tau, axis)
     wm = _expand(1 / (model.magic / (tau - 0.5) + 0.5), axis)
     return wp, wm

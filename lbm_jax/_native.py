@@ -564,7 +564,7 @@ def make_native_free_surface_step(
         "tau": np.float32(model.tau),
         "magic": np.float32(model.magic),
         # as lbm_jax._collision rounds it (0: no Smagorinsky model)
-        "smagorinsky_c2": np.float32(18.0 * math.sqrt(2.0) * model.smagorinsky**2),
+        "smagorinsky_c2": np.float32(model.smagorinsky_c2),
         "trt": np.int64(model.kind is Collision.TRT),
         "passes": np.int64(smoothing),
         "threads": np.int64(n),
