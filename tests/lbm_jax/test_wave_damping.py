@@ -180,6 +180,22 @@ DEFICIT = {
     ("smoothed", 100, (("amplitude", 0.2), ("depth", 50.2))): (-2.3, -10.5),
     ("smoothed", 100, (("amplitude", 0.2), ("depth", 50.5))): (-1.9, -8.5),
     ("smoothed", 100, (("amplitude", 0.2), ("depth", 50.8))): (-1.3, -6.7),
+    # the same wave in one row of cells with a quarter and twice the surface tension,
+    # and with TRT at Lambda = 1/4: the deficit is neither the curvature nor the
+    # collision's boundary closure
+    ("smoothed", 50, (("amplitude", 0.1), ("depth", 25.9), ("sigma", SIGMA / 4))): (
+        -2.3,
+        -9.7,
+    ),
+    ("smoothed", 50, (("amplitude", 0.1), ("depth", 25.9), ("sigma", 2 * SIGMA))): (
+        -3.4,
+        -11.4,
+    ),
+    (
+        "smoothed",
+        50,
+        (("amplitude", 0.1), ("depth", 25.9), ("collision", "trt"), ("magic", 0.25)),
+    ): (-2.9, -11.3),
 }
 
 
