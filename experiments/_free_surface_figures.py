@@ -19,7 +19,7 @@ import numpy as np
 from experiments._lbm_figures import LABEL_KEY, distinct_colours, metric
 from experiments._report import new_figure
 from experiments.lbm_accuracy import storage_label
-from lbm_jax._plot import vertical_label
+from lbm_jax._plot import ceiling_line, vertical_label
 from lbm_jax.cases.free_surface import RAINDROP
 
 if TYPE_CHECKING:
@@ -91,13 +91,8 @@ def build_raindrop_crown_figure(records: Records, st: Settings) -> Figure:
             y = np.asarray(h[key], np.float64) / st.raindrop_n
             ax.plot(h["t_impact"], y, color=colour[r["label"]], label=r["label"])
         if key == "crown_height" and drawn:
-            # the highest a crown can stand: the box's ceiling (heights in D)
-            ax.axhline(
-                drawn[0]["summary"]["ceiling_height"],
-                color="0.4",
-                linestyle="--",
-                label="the box's ceiling (crown radius unmeasured from there)",
-            )
+            # the highest a crown can stand (heights in D)
+            ceiling_line(ax, drawn[0]["summary"]["ceiling_height"])
         ax.set_xlabel(_TIME)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

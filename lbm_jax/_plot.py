@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 __all__ = [
     "capsule_snapshot_figure",
+    "ceiling_line",
     "crown_figure",
     "fill_figure",
     "fill_slices_figure",
@@ -400,6 +401,17 @@ def fill_slices_figure(
     return fig
 
 
+def ceiling_line(ax: Any, height: float) -> None:
+    """The impact box's ceiling, ``height`` above the pool in drop diameters, as
+    the crown height's reference line: the crown radius is unmeasured from there."""
+    ax.axhline(
+        height,
+        color="0.4",
+        linestyle=":",
+        label="the box's ceiling (crown radius unmeasured from there)",
+    )
+
+
 def crown_figure(
     t: Any,
     radius: Any,
@@ -438,11 +450,11 @@ def crown_figure(
             label=f"fit r = {prefactor:.2f} (t U / D)^{exponent:.2f}",
         )
     if ceiling is not None:
-        ax.axhline(ceiling, color="0.4", linestyle=":", label="the box's ceiling")
+        ceiling_line(ax, ceiling)
     ax.set_xlabel("time after contact, t U / D")
     ax.set_ylabel("length / drop diameter D")
     ax.set_title(title)
-    fig.legend(loc="outside lower center", ncols=3)  # under the axes: hides no data
+    fig.legend(loc="outside lower center", ncols=2)  # under the axes: hides no data
     return fig
 
 
