@@ -52,9 +52,10 @@ class ResumeError(ValueError):
 def code_version() -> str:
     """The installed package version and a fingerprint of the solver's source.
 
-    ``"<version>+<12 hex digits>"``: the digits hash every Python source file of
-    ``lbm_jax`` and ``mpjax``, so results and checkpoints of two different code
-    versions never pass for each other, even between releases.
+    ``"<version>+<12 hex digits>"``: the digits hash every file of
+    :func:`source_files` (the Python sources of ``lbm_jax`` and ``mpjax`` and
+    the native steps' C++ sources), so results and checkpoints of two different
+    code versions never pass for each other, even between releases.
     """
     try:
         version = importlib.metadata.version("mpjax")
@@ -62,11 +63,20 @@ def code_version() -> str:
         version = "unknown"
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
-    for package in ("lbm_jax", "mpjax"):
-        for source in sorted((root / package).rglob("*.py")):
-            digest.update(source.relative_to(root).as_posix().encode())
-            digest.update(source.read_bytes())
+    for source in source_files():
+        digest.update(source.relative_to(root).as_posix().encode())
+        digest.update(source.read_bytes())
     return f"{version}+{digest.hexdigest()[:12]}"
+
+
+def source_files() -> list[Path]:
+    """The files whose content decides the results: every ``.py`` file of
+    ``lbm_jax`` and ``mpjax`` and the C++ sources the native steps compile."""
+    root = Path(__file__).resolve().parent.parent
+    files = [f for p in ("lbm_jax", "mpjax") for f in (root / p).rglob("*.py")]
+    native = root / "lbm_jax" / "_native"
+    files += [f for pattern in ("*.cc", "*.h") for f in native.glob(pattern)]
+    return sorted(files)
 
 
 @dataclasses.dataclass(frozen=True)

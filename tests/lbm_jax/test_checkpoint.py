@@ -10,6 +10,7 @@ import pytest
 
 import lbm_jax
 from lbm_jax import Checkpoint, Simulation, _transfer, run
+from lbm_jax._checkpoint import source_files
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +194,13 @@ def test_checkpoint_policy_validation(tmp_path):
         run(lambda s: s, jnp.zeros(2), 3, checkpoint=str(tmp_path))
     version = lbm_jax.code_version()
     assert version.count("+") == 1 and len(version.split("+")[1]) == 12
+
+
+def test_code_version_covers_the_native_sources():
+    # a change to the C++ steps changes results as much as one to the Python
+    names = {f.name for f in source_files()}
+    assert {"lbm_step.cc", "lbm_free_surface.cc", "lbm_codecs.h"} <= names
+    assert {"_checkpoint.py", "_policy.py"} <= names
 
 
 def test_split_run_resumes_bit_for_bit_on_its_devices(tmp_path, monkeypatch):
