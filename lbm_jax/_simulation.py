@@ -59,7 +59,12 @@ from lbm_jax._decomp import exchange
 from lbm_jax._kernel_inplace import Streaming
 from lbm_jax._lattice import Lattice
 from lbm_jax._simulation_config import SimulationConfig, StepArrays, configure
-from lbm_jax._simulation_readout import check_state, initial_populations, readout_force
+from lbm_jax._simulation_readout import (
+    check_state,
+    converted_populations,
+    initial_populations,
+    readout_force,
+)
 from lbm_jax._storage import StoragePolicy
 from lbm_jax._units import viscosity
 from lbm_jax._validation import check_steps
@@ -323,6 +328,31 @@ class Simulation:
         """
         self.check_state(state)
         return _slabs.populations(self, state.f, shifted=shifted)
+
+    def convert(self, state: LBMState, source: Simulation) -> LBMState:
+        """``state``, a state of ``source``, in this simulation's storage.
+
+        The populations are decoded by ``source``'s format and encoded by this
+        one's, rounding once; the time step is kept. So a run continues in
+        another format from the same state: e.g. to tell whether a 16-bit run's
+        instability is the format's (the FP32 copy of its last healthy state
+        runs on) or the flow's (the copy fails too).
+
+        Args:
+            state: A state of ``source``.
+            source: A simulation of the same lattice and grid, any storage.
+
+        Raises:
+            TypeError: ``source`` is not a Simulation.
+            ValueError: A state that is not ``source``'s, or simulations of
+                different lattices or grids.
+        """
+        if not isinstance(source, Simulation):
+            raise TypeError(f"source must be an lbm_jax.Simulation, got {source!r}.")
+        source.check_state(state)
+        f = converted_populations(self, source, state.f)
+        # own buffers: a run donates its state, which must not delete the source
+        return LBMState(f=self._place(f), t=jnp.array(state.t, copy=True))
 
     def fields(
         self, state: LBMState, force: ArrayLike | None = None, *, which: str = "both"

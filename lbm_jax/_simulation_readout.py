@@ -2,8 +2,9 @@
 
 The slab-wise, compiled work is :mod:`lbm_jax._slabs`'; here are the host-side
 parts a :class:`~lbm_jax.Simulation` adds around it: the check that a state
-belongs to the simulation, the checked initial density and velocity, and the
-force whose Guo half-force a read-out takes off.
+belongs to the simulation, the checked initial density and velocity, the
+force whose Guo half-force a read-out takes off, and a state re-encoded for
+another storage.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from lbm_jax import _slabs
+from lbm_jax._collision import direction_constants
+from lbm_jax._kernel import to_layout
 from lbm_jax._simulation_config import StepArrays, host_force
 from lbm_jax._validation import check_density, check_speed, vector_field
 
-__all__ = ["Readable", "check_state", "initial_populations", "readout_force"]
+__all__ = [
+    "Readable",
+    "check_state",
+    "converted_populations",
+    "initial_populations",
+    "readout_force",
+]
 
 
 class Readable(_slabs.Grid, Protocol):
@@ -110,3 +119,28 @@ def initial_populations(
         bnd.fixed_mask,
         bnd.fixed,
     )
+
+
+def converted_populations(sim: Readable, source: Readable, f: jax.Array) -> jax.Array:
+    """``source``'s stored populations ``f`` in ``sim``'s storage (kernel layout):
+    decoded by ``source``'s format, shifted or unshifted as ``sim`` stores them,
+    encoded by ``sim``'s format (one rounding). Same lattice and grid.
+
+    Raises:
+        ValueError: Simulations of different lattices or grids.
+    """
+    if source.lattice.name != sim.lattice.name or source.shape != sim.shape:
+        raise ValueError(
+            f"a state converts between simulations of one lattice and grid; the "
+            f"source has {source.lattice.name} {source.shape}, this one "
+            f"{sim.lattice.name} {sim.shape}."
+        )
+    pol = sim.storage
+    values = _slabs.populations(source, f, shifted=pol.shift)
+    values = values.astype(pol.compute_dtype)
+    if pol.shift and not source.storage.shift:
+        values = (
+            values
+            - direction_constants(sim.lattice, pol.compute_dtype, len(sim.shape))[0]
+        )
+    return pol.encode(to_layout(values))

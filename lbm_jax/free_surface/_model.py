@@ -244,6 +244,27 @@ class FreeSurface:
             carry=jnp.zeros(shape, dtype),
         )
 
+    def convert(self, state: FreeSurfaceState, source: FreeSurface) -> FreeSurfaceState:
+        """``state``, a state of ``source``, in this free surface's storage: the
+        populations re-encoded (:meth:`lbm_jax.Simulation.convert`), flags kept,
+        mass and its carry in this compute dtype (copies: running the one state
+        does not consume the other).
+
+        Raises:
+            TypeError: ``source`` is not a FreeSurface.
+            ValueError: A state that is not ``source``'s, or simulations of
+                different lattices or grids.
+        """
+        if not isinstance(source, FreeSurface):
+            raise TypeError(f"source must be a FreeSurface, got {source!r}.")
+        dtype = self.sim.storage.compute_dtype
+        return FreeSurfaceState(
+            fluid=self.sim.convert(state.fluid, source.sim),
+            mass=jnp.array(state.mass, dtype, copy=True),
+            flags=jnp.array(state.flags, copy=True),
+            carry=jnp.array(state.carry, dtype, copy=True),
+        )
+
     def fields(self, state: FreeSurfaceState) -> tuple[jax.Array, jax.Array]:
         """Density ``(*shape)`` and velocity ``(D, *shape)``; zero outside the liquid.
 

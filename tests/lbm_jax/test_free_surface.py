@@ -391,3 +391,26 @@ def test_cli_free_surface_bad_input_exits_2(argv, message, tmp_path, capsys):
     assert info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_convert_continues_a_free_surface_run_in_another_format():
+    from lbm_jax.free_surface import sphere_fill
+
+    def model(storage: str) -> FreeSurface:
+        sim = lbm_jax.Simulation("D2Q9", (32, 32), tau=0.8, storage=storage)
+        return FreeSurface(sim, sigma=0.005, gravity=(0.0, -1e-4))
+
+    fs16, fs32 = model("fp16s"), model("fp32")
+    s16 = lbm_jax.run(fs16.step, fs16.init(sphere_fill((32, 32), (16, 18), 7.0)), 30)
+    s16 = s16.state
+    s32 = fs32.convert(s16, fs16)
+    # FP16S values are FP32 values: the copy is exact
+    np.testing.assert_array_equal(fs32.fill(s32), fs16.fill(s16))
+    assert float(fs32.total_mass(s32)) == float(fs16.total_mass(s16))
+    np.testing.assert_array_equal(s32.flags, s16.flags)
+    a = lbm_jax.run(fs32.step, s32, 20, healthy=fs32.healthy).state
+    b = lbm_jax.run(fs16.step, s16, 20, healthy=fs16.healthy).state
+    assert int(a.fluid.t) == int(b.fluid.t) == 50
+    np.testing.assert_allclose(fs32.fill(a), fs16.fill(b), atol=2e-3)
+    with pytest.raises(TypeError, match="FreeSurface"):
+        fs32.convert(s16, fs16.sim)

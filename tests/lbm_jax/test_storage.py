@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lbm_jax
 from lbm_jax import StoragePolicy, get_storage, list_storages
 from lbm_jax.cases import run_case
 
@@ -125,3 +126,61 @@ def test_posit16s_taylor_green_stays_close_to_fp32():
     assert error("posit16s") < 5e-4
     assert error("posit16s") < error("posit16") / 4
     assert error("posit16s") < error("fp16s")
+
+
+def _sheared_state(sim):
+    """A state away from equilibrium: a shear wave run a few steps."""
+    x = np.arange(sim.shape[0])
+    u = np.zeros((2, *sim.shape))
+    u[1] = 0.05 * np.sin(2 * np.pi * x / sim.shape[0])[:, None]
+    return sim.advance(sim.init(1.0 + 0.01 * u[1], u), 5)
+
+
+def test_convert_rounds_once_into_the_target_format():
+    sim32 = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp32")
+    sim16 = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp16s")
+    s32 = _sheared_state(sim32)
+    s16 = sim16.convert(s32, sim32)
+    assert int(s16.t) == int(s32.t) == 5
+    fp16s = get_storage("fp16s").format
+    want = fp16s.round(sim32.populations(s32, shifted=True))
+    np.testing.assert_array_equal(sim16.populations(s16, shifted=True), want)
+    # back to FP32 is exact, and the run goes on from there
+    back = sim32.convert(s16, sim16)
+    np.testing.assert_array_equal(
+        sim32.populations(back, shifted=True), sim16.populations(s16, shifted=True)
+    )
+    assert bool(sim32.healthy(sim32.advance(back, 3)))
+
+
+def test_convert_between_shifted_and_unshifted_storage():
+    shifted = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp32")
+    plain = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp32", shift=False)
+    s = _sheared_state(shifted)
+    f = shifted.populations(s)
+    np.testing.assert_array_equal(plain.populations(plain.convert(s, shifted)), f)
+    w = np.asarray(shifted.lattice.w, np.float32).reshape(-1, 1, 1)
+    again = shifted.convert(plain.convert(s, shifted), plain)
+    np.testing.assert_array_equal(shifted.populations(again, shifted=True), f - w)
+
+
+def test_convert_onto_a_split_grid():
+    one = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp16c")
+    two = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6, storage="fp16c", devices=2)
+    s = _sheared_state(one)
+    split = two.convert(s, one)
+    np.testing.assert_array_equal(two.populations(split), one.populations(s))
+    np.testing.assert_array_equal(
+        two.populations(two.advance(split, 3)), one.populations(one.advance(s, 3))
+    )
+
+
+def test_convert_refuses_another_grid_or_a_foreign_state():
+    sim = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.6)
+    other = lbm_jax.Simulation("D2Q9", (8, 8), tau=0.6)
+    with pytest.raises(ValueError, match="one lattice and grid"):
+        sim.convert(other.init(), other)
+    with pytest.raises(ValueError, match="does not belong"):
+        sim.convert(other.init(), sim)
+    with pytest.raises(TypeError, match="lbm_jax.Simulation"):
+        sim.convert(sim.init(), "fp32")
