@@ -31,11 +31,13 @@ __all__ = [
     "RUNS_ALL",
     "SHEDDING_METRICS",
     "SIXTEEN_BIT",
+    "REPLAY_STORAGE",
     "Settings",
     "compare_runs",
     "cylinder_sweep",
     "find_run",
     "reference_label",
+    "replay_in_reference",
     "run_one",
     "run_status",
     "run_studies",
@@ -210,6 +212,7 @@ def run_one(
             unstable_step=err.step,
             summary={},
             fields=None,
+            replay=replay_in_reference(case, storage, shift, options, err),
         )
     else:
         record.update(stable=True, summary=dict(result.summary), fields=result.fields)
@@ -220,13 +223,70 @@ def run_one(
     return {**record, "reused": False}
 
 
+#: The format an unstable 16-bit run is replayed in (see replay_in_reference).
+REPLAY_STORAGE = ("fp32", True)
+
+
+def replay_in_reference(
+    case: str,
+    storage: str,
+    shift: bool,
+    options: dict[str, Any],
+    err: lbm_jax.InstabilityError,
+) -> dict[str, Any] | None:
+    """Whose instability it is: the format's or the flow's.
+
+    The unstable run is replayed (deterministically) to its last healthy check,
+    converted to FP32 there (:meth:`lbm_jax.Simulation.convert`) and run on to the
+    end. If FP32 fails too from that state, the flow outran the resolution and
+    the 16-bit format only took another path into it; if FP32 runs through, the
+    format broke the run. ``None`` for runs in FP32 or a wider format, and for
+    cases whose model has no ``convert`` (the immersed boundary).
+
+    Returns:
+        ``{"storage", "from_step", "stable", "unstable_step"}`` of the replay.
+    """
+    ref_storage, ref_shift = REPLAY_STORAGE
+    if lbm_jax.get_storage(storage).bytes_per_value >= 4:
+        return None
+    kw = {k: v for k, v in options.items() if k != "out_dir"}
+    setup = lbm_jax.cases.prepare_case(case, storage=storage, shift=shift, **kw)
+    model, state = setup.build()
+    if not hasattr(model, "convert"):
+        return None
+    ref, _ = lbm_jax.cases.prepare_case(
+        case, storage=ref_storage, shift=ref_shift, **kw
+    ).build()
+    start = err.last_good_step
+    stepper = model if isinstance(model, lbm_jax.Simulation) else model.step
+    state = lbm_jax.run(stepper, state, start).state
+    copy = ref.convert(state, model)
+    ref_stepper = ref if isinstance(ref, lbm_jax.Simulation) else ref.step
+    out = {"storage": lbm_jax.get_storage(ref_storage).name, "from_step": start}
+    try:
+        lbm_jax.run(ref_stepper, copy, setup.steps - start, healthy=ref.healthy)
+    except lbm_jax.InstabilityError as again:
+        return {**out, "stable": False, "unstable_step": again.step}
+    return {**out, "stable": True, "unstable_step": None}
+
+
 def run_status(record: dict[str, Any]) -> str:
     """A run's status for a table: ``stable``, or ``UNSTABLE`` with the step whose
-    health check failed."""
+    health check failed and, for a replayed 16-bit run, what FP32 did from its
+    last healthy state (:func:`replay_in_reference`)."""
     if record["stable"]:
         return "stable"
     step = record.get("unstable_step")
-    return "UNSTABLE" if step is None else f"UNSTABLE at step {step}"
+    status = "UNSTABLE" if step is None else f"UNSTABLE at step {step}"
+    replay = record.get("replay")
+    if replay:
+        then = (
+            "runs to the end (the format's instability)"
+            if replay["stable"]
+            else f"fails at step {replay['unstable_step']} too (the flow's)"
+        )
+        status += f"; {replay['storage']} from step {replay['from_step']} {then}"
+    return status
 
 
 def _run_key(record: dict[str, Any]) -> str:
