@@ -240,8 +240,9 @@ def replay_in_reference(
     converted to FP32 there (:meth:`lbm_jax.Simulation.convert`) and run on to the
     end. If FP32 fails too from that state, the flow outran the resolution and
     the 16-bit format only took another path into it; if FP32 runs through, the
-    format broke the run. ``None`` for runs in FP32 or a wider format, and for
-    cases whose model has no ``convert`` (the immersed boundary).
+    format broke the run. ``None`` for runs in FP32 or a wider format, for
+    cases whose model has no ``convert`` (the immersed boundary) and for an
+    error whose last healthy step is not inside the run.
 
     Returns:
         ``{"storage", "from_step", "stable", "unstable_step"}`` of the replay.
@@ -252,12 +253,12 @@ def replay_in_reference(
     kw = {k: v for k, v in options.items() if k != "out_dir"}
     setup = lbm_jax.cases.prepare_case(case, storage=storage, shift=shift, **kw)
     model, state = setup.build()
-    if not hasattr(model, "convert"):
+    start = err.last_good_step
+    if not hasattr(model, "convert") or not 0 <= start < setup.steps:
         return None
     ref, _ = lbm_jax.cases.prepare_case(
         case, storage=ref_storage, shift=ref_shift, **kw
     ).build()
-    start = err.last_good_step
     stepper = model if isinstance(model, lbm_jax.Simulation) else model.step
     state = lbm_jax.run(stepper, state, start).state
     copy = ref.convert(state, model)

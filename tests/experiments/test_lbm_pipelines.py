@@ -112,8 +112,16 @@ def test_an_unstable_run_records_the_step_its_table_row_names(monkeypatch):
         raise lbm_jax.InstabilityError(step=2800, last_good_step=2700, state=None)
 
     monkeypatch.setattr(lbm_jax.cases, "run_case", blow_up)
+    replays = []
+
+    def replay(*args):
+        replays.append(args[:3])
+        return None  # what a case without convert gives
+
+    monkeypatch.setattr(_accuracy_runs, "replay_in_reference", replay)
     record = _accuracy_runs.run_one("poiseuille", "fp16s", True, n=8)
     assert not record["stable"] and record["unstable_step"] == 2800
+    assert replays == [("poiseuille", "fp16s", True)]
     assert _accuracy_runs.run_status(record) == "UNSTABLE at step 2800"
     assert _accuracy_runs.run_status({"stable": True}) == "stable"
 
