@@ -252,8 +252,7 @@ class FreeSurface:
 
         Raises:
             TypeError: ``source`` is not a FreeSurface.
-            ValueError: A state that is not ``source``'s, or simulations of
-                different lattices or grids.
+            ValueError: As :meth:`lbm_jax.Simulation.convert` raises it.
         """
         if not isinstance(source, FreeSurface):
             raise TypeError(f"source must be a FreeSurface, got {source!r}.")
