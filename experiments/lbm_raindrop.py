@@ -24,10 +24,9 @@ static drops 64^3 with R = 8, 12, 16, capillary wave of wavelength 100: 16
 minutes on a 2-core CPU; the raindrop's subgrid constant is 0.15 there, see the
 settings) and ``tiny`` (a smoke test). An unstable 16-bit run is replayed in FP32
 from its last healthy state, which tells the format's instability from the
-flow's. The paper's own
-resolution, D = 84 cells, is one run of ``python -m lbm_jax run raindrop --n 84``
-(5.6e11 cell updates: its time on a GPU is that over the free-surface step's
-MLUPs).
+flow's. The paper's own resolution, D = 84 cells, is one run of ``python -m
+lbm_jax run raindrop --n 84`` (5.6e11 cell updates: its time on a GPU is that
+over the free-surface step's MLUPs).
 
 Outputs: ``results.json``, ``raindrop_crown.png``, ``raindrop_fill_difference.png``,
 ``raindrop_slices.png``, ``static_drop_capillary_wave.png``,
