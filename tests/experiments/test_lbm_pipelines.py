@@ -483,3 +483,23 @@ def test_lbm_raindrop_compare_measures_fill_and_crown_against_fp32():
     assert close["crown_deviation"] == 1 / 8 and close["crown_compared"] == 3
     assert math.isnan(late["crown_deviation"]) and late["crown_compared"] == 1
     assert broken["l1_final"] == math.inf and broken["crown_deviation"] == math.inf
+
+
+def test_lbm_raindrop_full_scale_runs_the_raindrop_with_its_subgrid_constant(
+    tmp_path, monkeypatch
+):
+    # the full scale's C = 0.15 reaches the case; the other scales keep its default
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def prepare(case, **options):
+        seen.append((case, options.get("smagorinsky")))
+        raise Stop
+
+    monkeypatch.setattr(lbm_jax.cases, "prepare_case", prepare)
+    for scale in ("full", "quick"):
+        with pytest.raises(Stop):
+            lbm_raindrop.run(tmp_path, scale=scale)
+    assert seen == [("raindrop", 0.15), ("raindrop", None)]
