@@ -259,13 +259,12 @@ def replay_in_reference(
     ref, _ = lbm_jax.cases.prepare_case(
         case, storage=ref_storage, shift=ref_shift, **kw
     ).build()
-    stepper = model if isinstance(model, lbm_jax.Simulation) else model.step
-    state = lbm_jax.run(stepper, state, start).state
+    # run() takes a Simulation's step method as the simulation itself
+    state = lbm_jax.run(model.step, state, start).state
     copy = ref.convert(state, model)
-    ref_stepper = ref if isinstance(ref, lbm_jax.Simulation) else ref.step
     out = {"storage": lbm_jax.get_storage(ref_storage).name, "from_step": start}
     try:
-        lbm_jax.run(ref_stepper, copy, setup.steps - start, healthy=ref.healthy)
+        lbm_jax.run(ref.step, copy, setup.steps - start, healthy=ref.healthy)
     except lbm_jax.InstabilityError as again:
         return {**out, "stable": False, "unstable_step": again.step}
     return {**out, "stable": True, "unstable_step": None}

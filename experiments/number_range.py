@@ -183,8 +183,10 @@ def measure(spec: CaseRun, probe: RangeProbe, samples: int) -> ProfileReport:
 
     first = jax.device_get(jax.jit(observe)(state))
     every = max(1, setup.steps // samples)
-    step = model if isinstance(model, lbm_jax.Simulation) else model.step
-    result = lbm_jax.run(step, state, setup.steps, observe=observe, sample_every=every)
+    # run() takes a Simulation's step method as the simulation itself
+    result = lbm_jax.run(
+        model.step, state, setup.steps, observe=observe, sample_every=every
+    )
     stats = jax.tree.map(
         lambda a, b: np.concatenate([np.asarray(a)[None], np.asarray(b)]),
         first,
