@@ -118,11 +118,11 @@ def supported(
 ) -> bool:
     """Whether the fused GPU step covers a configuration.
 
-    Covered: D2Q9, D3Q19 and D3Q27 with BGK or TRT collision (no Smagorinsky
-    model), every storage policy (shifted or not), bounce-back, moving walls,
-    equilibrium cells, constant, per-call and field forces, grids split along x
-    (ghost planes exchanged as for the XLA step). Not covered: grids split along
-    y or z.
+    Covered: D2Q9, D3Q19 and D3Q27 with BGK or TRT collision (with or without
+    the Smagorinsky model), every storage policy (shifted or not), bounce-back,
+    moving walls, equilibrium cells, constant, per-call and field forces, grids
+    split along x (ghost planes exchanged as for the XLA step). Not covered:
+    grids split along y or z.
 
     Args:
         lattice, storage, model: The configuration.
@@ -134,7 +134,6 @@ def supported(
         lattice.name in _LATTICES
         and lattice == get_lattice(lattice.name)
         and len(shape) == lattice.d
-        and model.smagorinsky == 0
         and not split_yz
     )
     if not covered:

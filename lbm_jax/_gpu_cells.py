@@ -80,13 +80,15 @@ def collide_cells(
     *,
     shift: bool,
     force: list[Any] | None,
-) -> list[jax.Array]:
+    with_moments: bool = False,
+) -> list[jax.Array] | tuple[list[jax.Array], jax.Array, list[jax.Array]]:
     """Collision of one set of cells, one array per direction.
 
     The operations and their order are those of :func:`lbm_jax._collision.collide`
     (moments summed in direction order, ``1/rho`` then products, the shifted
-    equilibrium ``w r poly + w (r - 1)``), written per direction so a kernel keeps
-    every value in registers.
+    equilibrium ``w r poly + w (r - 1)``, the Smagorinsky model's per-cell rates),
+    written per direction so a kernel keeps every value in registers.
+    ``with_moments``: return ``(out, rho, u)`` as ``collide`` does.
     """
     dtype = fs[0].dtype
     q, d = lattice.q, lattice.d
@@ -125,6 +127,8 @@ def collide_cells(
         neq.append(fs[i] - feq)
     wp = np.asarray(model.omega_plus, dtype)
     wm = np.asarray(model.omega_minus, dtype)
+    if model.smagorinsky > 0:
+        wp, wm = _smagorinsky_rates(lattice, model, neq, rho)
     opp = lattice.opposite
     if model.kind is Collision.BGK:
         out = [fs[i] - wp * neq[i] for i in range(q)]
@@ -135,8 +139,12 @@ def collide_cells(
             for i in range(q)
         ]
     if force is not None:
-        cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
-        cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
+        if model.smagorinsky > 0:
+            cp = 1 - 0.5 * wp
+            cm = 1 - 0.5 * (wp if model.kind is Collision.BGK else wm)
+        else:
+            cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
+            cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
         uf = u[0] * force[0]
         for a in range(1, d):
             uf = uf + u[a] * force[a]
@@ -145,7 +153,32 @@ def collide_cells(
             sym = w[i] * (9 * (cus[i] * cf) - 3 * uf)
             anti = w[i] * (3 * cf)
             out[i] = out[i] + cp * sym + cm * anti
-    return out
+    return (out, rho, u) if with_moments else out
+
+
+def _smagorinsky_rates(
+    lattice: Lattice, model: CollisionModel, neq: list[jax.Array], rho: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Per-cell ``(omega+, omega-)`` of the Smagorinsky model, as
+    :func:`lbm_jax._collision._smagorinsky_rates` computes them: the norm of the
+    non-equilibrium momentum flux ``Pi_ab = sum_i c_ia c_ib neq_i`` sets an
+    effective relaxation time."""
+    dtype = neq[0].dtype
+    c = lattice.c
+    pi2 = None
+    for a in range(lattice.d):
+        for b in range(lattice.d):
+            pab = None
+            for i in range(lattice.q):
+                cab = int(c[i, a] * c[i, b])
+                if cab:
+                    term = neq[i] if cab > 0 else -neq[i]
+                    pab = term if pab is None else pab + term
+            pi2 = pab * pab if pi2 is None else pi2 + pab * pab
+    tau0 = np.asarray(model.tau, dtype)
+    c2 = np.asarray(model.smagorinsky_c2, dtype)
+    tau = 0.5 * (tau0 + jnp.sqrt(tau0 * tau0 + c2 * jnp.sqrt(pi2) / rho))
+    return 1 / tau, 1 / (np.asarray(model.magic, dtype) / (tau - 0.5) + 0.5)
 
 
 #: Formats whose rounding is the GPU's own narrowing conversion (one

@@ -139,8 +139,9 @@ class Simulation:
             storage, on a CPU, split along x at most), the XLA step
             elsewhere, and on a GPU the fused GPU step (one Pallas kernel per
             step, :mod:`lbm_jax._gpu`) where it covers the configuration
-            (D2Q9/D3Q19/D3Q27, BGK or TRT, every storage, boundaries and
-            forces, split along x at most); ``"native"`` and ``"gpu"``
+            (D2Q9/D3Q19/D3Q27, BGK or TRT with or without the Smagorinsky
+            model, every storage, boundaries and forces, split along x at
+            most); ``"native"`` and ``"gpu"``
             require theirs; ``"xla"`` never uses either. The native step is
             bit-identical to the XLA step, the GPU step agrees to within
             rounding; :attr:`kernel` says which runs.

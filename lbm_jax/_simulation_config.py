@@ -266,8 +266,7 @@ def _select_gpu(
     ok = _gpu.supported(lattice, storage, model, local, split_yz=split_yz)
     if kernel == "gpu" and not ok:
         why = _gpu.unavailable_reason() or (
-            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT (no Smagorinsky model) on grids "
-            "split along x at most"
+            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT on grids split along x at most"
         )
         raise ValueError(
             f"kernel='gpu' is not available for this simulation: {why}; use "
