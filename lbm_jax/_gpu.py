@@ -60,9 +60,13 @@ from lbm_jax._storage import StoragePolicy
 
 __all__ = [
     "BLOCK",
+    "Plan",
     "available",
     "make_gpu_advance_inplace",
     "make_gpu_step_into",
+    "pallas_modules",
+    "program_cells",
+    "result_type",
     "supported",
     "unavailable_reason",
 ]
@@ -82,7 +86,7 @@ _LATTICES = ("D2Q9", "D3Q19", "D3Q27")
 
 
 @functools.cache
-def _pallas() -> tuple[Any, Any] | str:
+def pallas_modules() -> tuple[Any, Any] | str:
     """``(pallas, pallas.triton)`` or the reason they cannot be imported."""
     try:
         from jax.experimental import pallas as pl
@@ -94,7 +98,7 @@ def _pallas() -> tuple[Any, Any] | str:
 
 def unavailable_reason() -> str | None:
     """Why the fused GPU step cannot run here, or ``None`` when it can."""
-    mods = _pallas()
+    mods = pallas_modules()
     if isinstance(mods, str):
         return mods
     if jax.default_backend() not in ("gpu", "cuda", "rocm"):
@@ -138,7 +142,7 @@ def supported(
     )
     if not covered:
         return False
-    return not isinstance(_pallas(), str) if interpret else available()
+    return not isinstance(pallas_modules(), str) if interpret else available()
 
 
 def _block(n: int) -> int:
@@ -146,7 +150,7 @@ def _block(n: int) -> int:
     return int(min(BLOCK, max(16, 1 << (int(n) - 1).bit_length())))
 
 
-class _Plan:
+class Plan:
     """What one kernel instance needs: the configuration and which optional
     operands (boundaries, force, x ghost planes) it reads."""
 
@@ -183,7 +187,7 @@ class _Plan:
         ref = refs["force"]
         if len(ref.shape) == 1:  # a per-call (D,) vector
             return [ref[a] for a in range(self.lattice.d)]
-        _, plgpu = _pallas()
+        _, plgpu = pallas_modules()
         return [
             plgpu.load(ref.at[(a, *cells.coords)], mask=cells.mask, other=0)
             for a in range(self.lattice.d)
@@ -198,7 +202,7 @@ class _Plan:
     ) -> list[jax.Array]:
         """Bounce-back (``own(i)``: the cell's stored post-collision population
         ``i`` of the previous step), collision and encoding of pulled ``fs``."""
-        _, plgpu = _pallas()
+        _, plgpu = pallas_modules()
         st = self.storage
         mask = cells.mask
         if "bounce" in refs:
@@ -227,7 +231,7 @@ class _Plan:
         """Whether each of the program's cells is non-fluid (``None``: none is)."""
         if "fixed_mask" not in refs:
             return None
-        _, plgpu = _pallas()
+        _, plgpu = pallas_modules()
         return plgpu.load(
             refs["fixed_mask"].at[index(cells.coords, 0)],
             mask=cells.mask,
@@ -235,9 +239,9 @@ class _Plan:
         )
 
 
-def _cells(plan: _Plan, vma: tuple[str, ...] = ()) -> Cells:
+def program_cells(plan: Plan, vma: tuple[str, ...] = ()) -> Cells:
     """The index helpers of the running program."""
-    pl, _ = _pallas()
+    pl, _ = pallas_modules()
     return Cells(pl, plan.shape, plan.block, interpret=plan.interpret, vma=vma)
 
 
@@ -299,7 +303,7 @@ def make_gpu_step_into(
             + (" (Smagorinsky)" if model.smagorinsky else "")
             + "; use make_step_into."
         )
-    plan = _Plan(lattice, storage, model, shape, constant_force, interpret)
+    plan = Plan(lattice, storage, model, shape, constant_force, interpret)
 
     def step_into(aux: Any, f: jax.Array, g: jax.Array, halos: Any = None):
         if f.shape != plan.full or f.dtype != storage.storage_dtype:
@@ -316,7 +320,7 @@ def make_gpu_step_into(
 
 
 def _call(
-    plan: _Plan,
+    plan: Plan,
     kernel: Callable[..., None],
     inputs: list[jax.Array],
     out: jax.Array,
@@ -324,14 +328,14 @@ def _call(
     """Run ``kernel(*inputs, out, out)`` over the grid, the result aliased to
     ``out`` (the kernel gets the refs of the inputs, of ``out`` as it comes in,
     and of the result; on a GPU the last two are the same memory)."""
-    pl, plgpu = _pallas()
+    pl, plgpu = pallas_modules()
     args = [*inputs, out]
     params = {}
     if not plan.interpret:
         params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
     return pl.pallas_call(
         kernel,
-        out_shape=_like(out),
+        out_shape=result_type(out),
         grid=plan.grid,
         input_output_aliases={len(args) - 1: 0},
         interpret=plan.interpret,
@@ -350,7 +354,7 @@ def _varying_axes(a: jax.Array) -> tuple[str, ...]:
     return tuple(sorted(axes))
 
 
-def _like(out: jax.Array) -> jax.ShapeDtypeStruct:
+def result_type(out: jax.Array) -> jax.ShapeDtypeStruct:
     """The result type of ``out`` (inside ``shard_map``: varying like ``out``)."""
     mat = getattr(jax.typeof(out), "mat", None)
     if mat is not None:
@@ -362,18 +366,18 @@ def _like(out: jax.Array) -> jax.ShapeDtypeStruct:
 
 
 def _pull_kernel(
-    plan: _Plan, names: tuple[str, ...], vma: tuple[str, ...] = ()
+    plan: Plan, names: tuple[str, ...], vma: tuple[str, ...] = ()
 ) -> Callable[..., None]:
     """The two-buffer kernel: pull from ``f`` (and the x ghost planes); ``vma``:
     the mesh axes ``f`` varies over (inside ``shard_map``)."""
-    _, plgpu = _pallas()
+    _, plgpu = pallas_modules()
     nx = plan.shape[0]
     st = plan.storage
 
     def kernel(f_ref, *refs):
         *op_refs, _, g_ref = refs
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _cells(plan, vma)
+        cells = program_cells(plan, vma)
         mask = cells.mask
 
         def load_pulled(i: int) -> jax.Array:
@@ -439,7 +443,7 @@ def make_gpu_advance_inplace(
             f"the fused GPU step does not cover {lattice.name} on {shape} with "
             f"{storage}, {model.kind.value}; use make_advance_inplace."
         )
-    plan = _Plan(lattice, storage, model, shape, constant_force, interpret)
+    plan = Plan(lattice, storage, model, shape, constant_force, interpret)
 
     def advance(aux: Any, f: jax.Array, steps: jax.Array) -> jax.Array:
         if f.shape != plan.full or f.dtype != storage.storage_dtype:
@@ -476,10 +480,10 @@ def make_gpu_advance_inplace(
 
 
 def _esoteric_kernel(
-    plan: _Plan, names: tuple[str, ...], *, odd: bool
+    plan: Plan, names: tuple[str, ...], *, odd: bool
 ) -> Callable[..., None]:
     """One in-place esoteric-pull step (``odd``: from the swapped layout)."""
-    _, plgpu = _pallas()
+    _, plgpu = pallas_modules()
     st = plan.storage
     opp = plan.lattice.opposite
     nx = plan.shape[0]
@@ -503,7 +507,7 @@ def _esoteric_kernel(
     def kernel(*refs):
         *op_refs, f_ref, g_ref = refs  # f_ref and g_ref: the same buffer on a GPU
         refs = dict(zip(names, op_refs, strict=True))
-        cells = _cells(plan)
+        cells = program_cells(plan)
         fixed = plan.fixed_at(refs, cells)
         mask = cells.mask if fixed is None else cells.mask & ~fixed
         fs = []
@@ -543,16 +547,16 @@ def _esoteric_kernel(
     return kernel
 
 
-def _swap_kernel(plan: _Plan) -> Callable[..., None]:
+def _swap_kernel(plan: Plan) -> Callable[..., None]:
     """Swap slot ``(x, i)`` with ``(x + c_i, opp(i))`` for one direction of each
     opposite pair: standard layout <-> the layout after an even esoteric step."""
-    _, plgpu = _pallas()
+    _, plgpu = pallas_modules()
     opp = plan.lattice.opposite
     nx = plan.shape[0]
     half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
 
     def kernel(f_ref, g_ref):  # the same buffer on a GPU
-        cells = _cells(plan)
+        cells = program_cells(plan)
         mask = cells.mask
         for i in half:
             dst = cells.shifted(plan.dirs[i], 1)

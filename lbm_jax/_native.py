@@ -467,18 +467,21 @@ def select_free_surface(
 
     ``kernel`` is ``"auto"`` (native where :func:`covered_free_surface` and the
     library is available; an unavailable library warns once,
-    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``.
+    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``; the
+    model has already chosen the GPU step where that runs
+    (:func:`lbm_jax.free_surface._gpu_step.covered`).
 
     Raises:
-        ValueError: An unknown ``kernel`` (``"gpu"`` included), or ``"native"``
-            for a configuration the native step does not cover (saying why).
+        ValueError: An unknown ``kernel`` (``"gpu"`` included: not a CPU step),
+            or ``"native"`` for a configuration the native step does not cover
+            (saying why).
         TypeError: A ``kernel`` that is not a string.
     """
     choice = parse_kernel(kernel)
     if choice == "gpu":
         raise ValueError(
-            "a free-surface model takes kernel 'auto', 'native' or 'xla', got "
-            f"{kernel!r}."
+            "the CPU steps of a free-surface model are kernel 'auto', 'native' or "
+            f"'xla', got {kernel!r}."
         )
     if choice == "xla":
         return False

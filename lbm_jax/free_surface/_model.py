@@ -61,6 +61,7 @@ from lbm_jax._collision import CollisionModel, moments
 from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
+from lbm_jax.free_surface import _gpu_step
 from lbm_jax.free_surface._state import (
     FILL_MARGIN,
     Flag,
@@ -92,19 +93,22 @@ class FreeSurface:
         smagorinsky: Smagorinsky constant of a subgrid model (0: none), for
             flows whose ``tau`` is very close to 1/2 (e.g. a physical raindrop
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
-        kernel: The step's implementation: ``"auto"`` (default) runs the native
-            C++ CPU step where it covers the configuration (D2Q9/D3Q19/D3Q27,
-            BGK or TRT, with or without the subgrid model, FP32 or 16-bit
-            DDF-shifted storage, one device, a CPU) and the XLA step elsewhere,
-            warning (:class:`lbm_jax.NativeStepWarning`) when the native library
-            cannot be built; ``"native"`` requires it; ``"xla"`` runs the XLA step.
-            :attr:`kernel` says which runs.
+        kernel: The step's implementation: ``"auto"`` (default) runs, on a
+            GPU, the fused GPU step (Pallas kernels,
+            :mod:`lbm_jax.free_surface._gpu_step`: D2Q9/D3Q19/D3Q27, BGK or TRT,
+            with or without the subgrid model, every storage, one device), on a
+            CPU the native C++ step where it covers the configuration (the same
+            lattices and collisions, FP32 or 16-bit DDF-shifted storage, one
+            device), and the XLA step elsewhere, warning
+            (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
+            be built; ``"gpu"`` and ``"native"`` require theirs; ``"xla"`` runs
+            the XLA step. :attr:`kernel` says which runs.
 
     Raises:
         ValueError: A simulation with moving walls, equilibrium cells or a force,
             a negative or non-finite ``sigma``, a gravity of the wrong length,
-            an unknown ``kernel`` or ``"native"`` where it does not cover the
-            configuration.
+            an unknown ``kernel``, or ``"gpu"`` or ``"native"`` where it does
+            not cover the configuration.
         TypeError: Arguments of the wrong type.
 
     >>> import lbm_jax
@@ -165,13 +169,28 @@ class FreeSurface:
             )
         self.sim = sim
         self.smagorinsky = smagorinsky
-        native = _native.select_free_surface(
-            kernel, sim.lattice, sim.storage, sim.shape, sim.devices
-        )
-        self.kernel = "native" if native else "xla"
+        self.kernel = self._select_kernel(kernel)
         self.sigma = sigma
         self.gravity = g
         self.smoothing = smoothing
+
+    def _select_kernel(self, kernel: str) -> str:
+        """``"gpu"``, ``"native"`` or ``"xla"`` for the ``kernel`` asked for."""
+        choice = _native.parse_kernel(kernel)
+        if choice in ("auto", "gpu"):
+            why_not = _gpu_step.covered(self)
+            if why_not is None:
+                return "gpu"
+            if choice == "gpu":
+                raise ValueError(
+                    f"kernel='gpu' is not available for this free surface: {why_not}; "
+                    "use kernel='auto' to fall back to the CPU steps."
+                )
+        sim = self.sim
+        native = _native.select_free_surface(
+            choice, sim.lattice, sim.storage, sim.shape, sim.devices
+        )
+        return "native" if native else "xla"
 
     @property
     def collision(self) -> CollisionModel:
@@ -317,6 +336,8 @@ class FreeSurface:
     def _step_impl(self, state: FreeSurfaceState) -> FreeSurfaceState:
         if self.kernel == "xla":
             return xla_step(self, state)
+        if self.kernel == "gpu":
+            return _gpu_step.gpu_step(self, state)
         step = _native.make_native_free_surface_step(
             self.sim.lattice,
             self.sim.storage,

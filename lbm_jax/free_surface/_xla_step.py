@@ -30,7 +30,7 @@ from lbm_jax.free_surface._state import (
     two_sum,
 )
 
-__all__ = ["xla_step"]
+__all__ = ["convert", "gas_state", "new_interface_moments", "redistribute", "xla_step"]
 
 Keep = Callable[..., Any]
 
@@ -53,11 +53,12 @@ def _wrap(a: jax.Array, d: int) -> jax.Array:
     return jnp.pad(a, [(0, 0)] * (a.ndim - d) + [(1, 1)] * d, mode="wrap")
 
 
-def _gas_equilibrium(
+def gas_state(
     fs: Any, f: jax.Array, flags: jax.Array, mass: jax.Array, keep: Keep
-) -> tuple[jax.Array, jax.Array]:
-    """``(feq_gas, phi)``: the equilibrium at the gas density ``1 - 3 (D - 1)
-    sigma kappa`` and the cell's velocity, and the fill level."""
+) -> tuple[jax.Array, list, jax.Array, jax.Array]:
+    """``(rho_gas, u0, phi, rho0)``: the gas density ``1 - 3 (D - 1) sigma
+    kappa``, the velocity and the fill level of the stored populations ``f``
+    (decoded, ``(Q, *grid)``), and their density (1 outside the liquid)."""
     lat, shift = fs.sim.lattice, fs.sim.storage.shift
     liquid = (flags == Flag.FLUID) | (flags == Flag.INTERFACE)
     rho0, j0 = moments(lat, f, shift=shift)
@@ -66,7 +67,16 @@ def _gas_equilibrium(
     phi, u0, safe0 = keep(fill_level(flags, mass, safe0), u0, safe0)
     kappa = curvature(phi, flags == Flag.SOLID, passes=fs.smoothing)
     rho_gas = 1 - (3 * (lat.d - 1) * fs.sigma) * kappa
-    return equilibrium(lat, rho_gas, u0, shift=shift), phi
+    return rho_gas, u0, phi, safe0
+
+
+def _gas_equilibrium(
+    fs: Any, f: jax.Array, flags: jax.Array, mass: jax.Array, keep: Keep
+) -> tuple[jax.Array, jax.Array]:
+    """``(feq_gas, phi)``: the equilibrium at the gas density and the cell's
+    velocity (:func:`gas_state`), and the fill level."""
+    rho_gas, u0, phi, _ = gas_state(fs, f, flags, mass, keep)
+    return equilibrium(fs.sim.lattice, rho_gas, u0, shift=fs.sim.storage.shift), phi
 
 
 def _stream_and_exchange(
@@ -130,7 +140,7 @@ def _collide(
     return keep(out, jnp.where(liquid, rho, one), u)
 
 
-def _convert(
+def convert(
     lat: Any,
     flags: jax.Array,
     mass: jax.Array,
@@ -159,23 +169,31 @@ def _convert(
     return to_fluid, to_gas, gas_to_i, new_flags
 
 
-def _new_interface(
-    fs: Any, src: jax.Array, rho: jax.Array, u: list, keep: Keep
-) -> jax.Array:
-    """Populations of new interface cells: the equilibrium of the mean density
-    and velocity of their liquid neighbours ``src``."""
-    lat = fs.sim.lattice
+def new_interface_moments(
+    lat: Any, src: jax.Array, rho: jax.Array, u: list, keep: Keep
+) -> tuple[jax.Array, list]:
+    """Density and velocity of new interface cells: the means over their liquid
+    neighbours ``src`` (density 1 where there are none)."""
     srcf = src.astype(rho.dtype)
     count = neighbour_sum(lat, srcf)
     inv = 1 / jnp.maximum(count, 1)
     rho_new = neighbour_sum(lat, jnp.where(src, rho, 0)) * inv
     u_new = [neighbour_sum(lat, jnp.where(src, ua, 0)) * inv for ua in u]
     rho_new = jnp.where(count > 0, rho_new, jnp.ones((), rho.dtype))
-    rho_new, u_new = keep(rho_new, u_new)
+    return keep(rho_new, u_new)
+
+
+def _new_interface(
+    fs: Any, src: jax.Array, rho: jax.Array, u: list, keep: Keep
+) -> jax.Array:
+    """Populations of new interface cells: the equilibrium of
+    :func:`new_interface_moments`."""
+    lat = fs.sim.lattice
+    rho_new, u_new = new_interface_moments(lat, src, rho, u, keep)
     return equilibrium(lat, rho_new, u_new, shift=fs.sim.storage.shift)
 
 
-def _redistribute(
+def redistribute(
     lat: Any,
     flags: jax.Array,
     new_flags: jax.Array,
@@ -225,11 +243,11 @@ def xla_step(fs: Any, state: FreeSurfaceState) -> FreeSurfaceState:
         fs, f, flags, state.mass, state.carry, keep
     )
     out, rho, u = _collide(fs, fin, liquid, keep)
-    to_fluid, to_gas, gas_to_i, new_flags = _convert(
+    to_fluid, to_gas, gas_to_i, new_flags = convert(
         lat, flags, mass, rho, has_gas, has_fluid, keep
     )
     feq_new = _new_interface(fs, liquid & ~to_gas, rho, u, keep)
-    mass, carry = _redistribute(
+    mass, carry = redistribute(
         lat, flags, new_flags, to_fluid, to_gas, mass, carry, rho, keep
     )
     liquid_new = (new_flags == Flag.FLUID) | (new_flags == Flag.INTERFACE)

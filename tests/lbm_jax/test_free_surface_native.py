@@ -235,7 +235,7 @@ def test_uncovered_configurations_run_the_xla_step():
     ("make", "message"),
     [
         (lambda: FreeSurface(_sim(storage="posit16"), kernel="native"), "storage"),
-        (lambda: FreeSurface(_sim(), kernel="gpu"), "'auto', 'native' or 'xla'"),
+        (lambda: FreeSurface(_sim(), kernel="gpu"), "kernel='gpu' is not available"),
         (lambda: FreeSurface(_sim(), kernel="fast"), "kernel must be one of"),
     ],
 )

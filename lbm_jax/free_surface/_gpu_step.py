@@ -1,0 +1,316 @@
+"""The free-surface step on a GPU: the surface stage inside the fused kernel.
+
+The XLA step (:mod:`lbm_jax.free_surface._xla_step`) streams and collides the
+populations as whole arrays, several passes over them per step. Here the
+populations pass through memory once per step, in one Pallas kernel built from
+the fused GPU step's parts (:mod:`lbm_jax._gpu`, :mod:`lbm_jax._gpu_cells`),
+the way FluidX3D puts the surface's link treatment inside its stream-collide
+kernel. Each GPU thread owns one cell and
+
+1. pulls its populations, reflecting links from solid cells and rebuilding links
+   from gas cells from the gas equilibrium (anti-bounce-back);
+2. exchanges mass over the links of an interface cell (the fill-weighted
+   ``f_in - f_out`` of the XLA step); a fluid cell's exchange is the change of
+   its density, ``rho_in - rho_0``, which sums the same link terms;
+3. collides (BGK or TRT, the Smagorinsky model, gravity as a Guo force) and
+   stores, or stores the rest populations in gas and solid cells;
+4. writes its mass (with its TwoSum carry), density, velocity and whether it
+   has gas and fluid neighbours.
+
+Only interface cells and cells next to a wall read their own outgoing
+populations (masked loads), so the step reads and writes each population about
+once, plus one read for the density and velocity of the stored state. Scalar
+fields (the fill level's curvature, the cell conversions, the excess mass)
+stay whole-array XLA code, shared with the XLA step; a second kernel writes the
+populations of converted cells only (masked stores).
+
+The step agrees with the XLA step to within rounding: a fluid cell's mass sums
+its link terms in another order, and the GPU's compiler may contract
+multiply-adds differently. Pallas' interpret mode runs the same kernels on the
+CPU, which is how the tests check them against the XLA step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lbm_jax import _gpu
+from lbm_jax._gpu_cells import collide_cells, encode_in_kernel, index, wrap
+from lbm_jax._kernel import from_layout
+from lbm_jax._simulation import LBMState
+from lbm_jax.free_surface._state import (
+    Flag,
+    FreeSurfaceState,
+    is_liquid,
+    materialise,
+    two_sum,
+)
+from lbm_jax.free_surface._xla_step import (
+    convert,
+    gas_state,
+    new_interface_moments,
+    redistribute,
+)
+
+__all__ = ["covered", "gpu_step"]
+
+#: What the fix-up kernel writes into a cell: nothing, the equilibrium of a new
+#: interface cell, or the rest populations of a cell that turned to gas.
+_KEEP, _NEW_INTERFACE, _TO_GAS = 0, 1, 2
+
+
+def covered(fs: Any, *, interpret: bool = False) -> str | None:
+    """Why the GPU free-surface step cannot run ``fs``, or ``None`` when it can.
+
+    Covered: what the fused GPU step covers (:func:`lbm_jax._gpu.supported`:
+    D2Q9/D3Q19/D3Q27, BGK or TRT, the Smagorinsky model, every storage) on one
+    device, on a GPU (``interpret``: anywhere, for tests).
+    """
+    sim = fs.sim
+    if sim.devices != 1:
+        return "it runs on one device"
+    if not _gpu.supported(
+        sim.lattice, sim.storage, fs.collision, sim.shape, interpret=interpret
+    ):
+        return _gpu.unavailable_reason() or (
+            "it covers D2Q9, D3Q19 and D3Q27 grids, BGK or TRT"
+        )
+    return None
+
+
+def _rest(fs: Any) -> list[float]:
+    """The rest populations (density 1, at rest) as the storage holds them,
+    decoded: ``w_i``, or 0 when shifted."""
+    w = fs.sim.lattice.w
+    return [0.0 if fs.sim.storage.shift else float(v) for v in w]
+
+
+def _equilibrium_cells(
+    lat: Any, rho: jax.Array, u: list[jax.Array], shift: bool
+) -> list[jax.Array]:
+    """The equilibrium per direction, in :func:`collide_cells`' arithmetic."""
+    dtype = rho.dtype
+    usq = u[0] * u[0]
+    for a in range(1, lat.d):
+        usq = usq + u[a] * u[a]
+    out = []
+    for i in range(lat.q):
+        w = np.asarray(lat.w[i], dtype)
+        cu = None
+        for a, ca in enumerate(lat.c[i]):
+            if ca:
+                term = u[a] if ca > 0 else -u[a]
+                cu = term if cu is None else cu + term
+        poly = -1.5 * usq if cu is None else 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
+        out.append(w * rho * poly + w * (rho - 1) if shift else w * rho * (1 + poly))
+    return out
+
+
+def _load(ref: Any, at: tuple, mask: jax.Array, other: Any) -> jax.Array:
+    _, plgpu = _gpu.pallas_modules()
+    return plgpu.load(ref.at[at], mask=mask, other=other)
+
+
+def _stream_collide_kernel(fs: Any, plan: Any) -> Callable[..., None]:
+    """Pull, surface links, mass exchange, collision and store (see the module
+    docstring); the refs in :func:`_stream_collide`'s order."""
+    _, plgpu = _gpu.pallas_modules()
+    lat, st = plan.lattice, plan.storage
+    d, nx = lat.d, plan.shape[0]
+    opp = lat.opposite
+    dtype = np.dtype(st.compute_dtype)
+    gravity = [np.asarray(g, dtype) for g in fs.gravity] if any(fs.gravity) else None
+    rest = [np.asarray(v, dtype) for v in _rest(fs)]
+
+    def kernel(f_ref, flags_ref, phi_ref, rho_gas_ref, rho0_ref, mass_ref, *refs):
+        carry_ref, *refs = refs
+        u0_refs, refs = refs[:d], refs[d:]
+        _, g_ref, mass_out, carry_out, rho_out, *refs = refs
+        u_out, bits_out = refs[:d], refs[d]
+        cells = _gpu.program_cells(plan)
+        mask, coords = cells.mask, cells.coords
+        at = tuple(coords)
+        flag = _load(flags_ref, at, mask, Flag.GAS)
+        is_f = flag == Flag.FLUID
+        is_i = flag == Flag.INTERFACE
+        liquid = is_f | is_i
+        surface = mask & is_i
+        phi = _load(phi_ref, at, surface, 0)
+        u0 = [_load(r, at, surface, 0) for r in u0_refs]
+        feq_gas = _equilibrium_cells(
+            lat, _load(rho_gas_ref, at, surface, 1), u0, st.shift
+        )
+
+        def own(i: int, where: jax.Array) -> jax.Array:
+            return st.decode(_load(f_ref, index(coords, i), mask & where, 0))
+
+        fs_in = [own(0, liquid)]
+        dm = jnp.zeros_like(phi)
+        has_gas = has_fluid = jnp.zeros_like(liquid)
+        for i in range(1, lat.q):
+            src = cells.shifted(plan.dirs[i], -1)
+            src[0] = wrap(src[0], nx)
+            flag_up = _load(flags_ref, tuple(src), mask, Flag.GAS)
+            solid_up, gas_up = flag_up == Flag.SOLID, flag_up == Flag.GAS
+            fluid_up = flag_up == Flag.FLUID
+            f_up = st.decode(_load(f_ref, index(src, i), mask & liquid, 0))
+            f_rev = own(int(opp[i]), liquid & (is_i | solid_up))
+            fi = jnp.where(solid_up, f_rev, f_up)
+            gas_link = feq_gas[i] + feq_gas[int(opp[i])] - f_rev
+            fs_in.append(jnp.where(gas_up, gas_link, fi))
+            phi_up = _load(phi_ref, tuple(src), surface, 0)
+            weight = jnp.where(
+                fluid_up,
+                np.asarray(1, dtype),
+                jnp.where(flag_up == Flag.INTERFACE, 0.5 * (phi + phi_up), 0),
+            )
+            dm = dm + weight * (f_up - f_rev)
+            has_gas = has_gas | gas_up
+            has_fluid = has_fluid | fluid_up
+        rho_in = fs_in[0]
+        for i in range(1, lat.q):
+            rho_in = rho_in + fs_in[i]
+        if st.shift:
+            rho_in = rho_in + 1
+        rho0 = _load(rho0_ref, at, mask & is_f, 1)
+        dm = jnp.where(is_f, rho_in - rho0, dm)
+        rho_in = jnp.where(liquid, rho_in, np.asarray(1, dtype))
+        force = None if gravity is None else [rho_in * g for g in gravity]
+        out, rho, u = collide_cells(
+            lat, plan.model, fs_in, shift=st.shift, force=force, with_moments=True
+        )
+        for i in range(lat.q):
+            value = jnp.where(liquid, out[i], jnp.full_like(out[i], rest[i]))
+            plgpu.store(
+                g_ref.at[index(coords, i)], encode_in_kernel(st, value), mask=mask
+            )
+        mass = _load(mass_ref, at, mask, 0)
+        carry = _load(carry_ref, at, mask, 0)
+        mass, carry = two_sum(mass, carry, jnp.where(liquid, dm, 0))
+        plgpu.store(mass_out.at[at], mass, mask=mask)
+        plgpu.store(carry_out.at[at], carry, mask=mask)
+        plgpu.store(rho_out.at[at], jnp.where(liquid, rho, 1), mask=mask)
+        for a in range(d):
+            plgpu.store(u_out[a].at[at], jnp.where(liquid, u[a], 0), mask=mask)
+        bits = has_gas.astype(jnp.int8) + 2 * has_fluid.astype(jnp.int8)
+        plgpu.store(bits_out.at[at], bits, mask=mask)
+
+    return kernel
+
+
+def _fix_up_kernel(fs: Any, plan: Any) -> Callable[..., None]:
+    """Populations of converted cells: the equilibrium of a new interface cell's
+    neighbours, the rest populations of a cell turned gas; others untouched."""
+    _, plgpu = _gpu.pallas_modules()
+    lat, st = plan.lattice, plan.storage
+    d = lat.d
+    rest = _rest(fs)
+
+    def kernel(code_ref, rho_ref, *refs):
+        u_refs, (_, g_ref) = refs[:d], refs[d:]
+        cells = _gpu.program_cells(plan)
+        mask, coords = cells.mask, cells.coords
+        at = tuple(coords)
+        code = _load(code_ref, at, mask, _KEEP)
+        new = code == _NEW_INTERFACE
+        rho = _load(rho_ref, at, mask & new, 1)
+        u = [_load(r, at, mask & new, 0) for r in u_refs]
+        feq = _equilibrium_cells(lat, rho, u, st.shift)
+        for i in range(lat.q):
+            value = jnp.where(new, feq[i], jnp.full_like(feq[i], rest[i]))
+            plgpu.store(
+                g_ref.at[index(coords, i)],
+                encode_in_kernel(st, value),
+                mask=mask & (code != _KEEP),
+            )
+
+    return kernel
+
+
+def _plan(fs: Any, interpret: bool) -> Any:
+    sim = fs.sim
+    return _gpu.Plan(sim.lattice, sim.storage, fs.collision, sim.shape, None, interpret)
+
+
+def _pallas_call(
+    plan: Any, kernel: Callable, inputs: list, alias: int, out_shape: list, name: str
+) -> Any:
+    pl, plgpu = _gpu.pallas_modules()
+    params = {}
+    if not plan.interpret:
+        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    return pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=plan.grid,
+        input_output_aliases={alias: 0},
+        interpret=plan.interpret,
+        name=f"free_surface_{name}_{plan.lattice.name.lower()}",
+        **params,
+    )(*inputs)
+
+
+def gpu_step(
+    fs: Any, state: FreeSurfaceState, *, interpret: bool = False
+) -> FreeSurfaceState:
+    """One free-surface step of ``fs`` with the fused kernels (jit-able).
+
+    ``interpret``: run the kernels in Pallas' interpret mode (any backend; slow,
+    for tests).
+    """
+    lat, pol = fs.sim.lattice, fs.sim.storage
+    plan = _plan(fs, interpret)
+    live = state.fluid.t >= 0  # a traced "true" for the phase boundaries
+
+    def keep(*arrays: Any) -> Any:
+        return materialise(live, *arrays)
+
+    stored, flags = state.fluid.f, state.flags
+    f = pol.decode(from_layout(stored))  # read once, for the moments
+    rho_gas, u0, phi, rho0 = gas_state(fs, f, flags, state.mass, keep)
+    dtype = state.mass.dtype
+    scalar = jax.ShapeDtypeStruct(flags.shape, dtype)
+    out_shape = [
+        _gpu.result_type(stored),
+        scalar,
+        scalar,
+        scalar,
+        *[scalar] * lat.d,
+        jax.ShapeDtypeStruct(flags.shape, jnp.int8),
+    ]
+    inputs = [stored, flags, phi, rho_gas, rho0, state.mass, state.carry, *u0]
+    g, mass, carry, rho, *rest = _pallas_call(
+        plan,
+        _stream_collide_kernel(fs, plan),
+        [*inputs, jnp.empty_like(stored)],
+        len(inputs),
+        out_shape,
+        "stream_collide",
+    )
+    u, bits = rest[: lat.d], rest[lat.d]
+    has_gas, has_fluid = (bits & 1) != 0, (bits & 2) != 0
+    to_fluid, to_gas, gas_to_i, new_flags = convert(
+        lat, flags, mass, rho, has_gas, has_fluid, keep
+    )
+    src = is_liquid(flags) & ~to_gas
+    rho_new, u_new = new_interface_moments(lat, src, rho, u, keep)
+    mass, carry = redistribute(
+        lat, flags, new_flags, to_fluid, to_gas, mass, carry, rho, keep
+    )
+    code = jnp.where(gas_to_i, _NEW_INTERFACE, jnp.where(to_gas, _TO_GAS, _KEEP))
+    inputs = [code.astype(jnp.int8), rho_new, *u_new]
+    g = _pallas_call(
+        plan,
+        _fix_up_kernel(fs, plan),
+        [*inputs, g],
+        len(inputs),
+        _gpu.result_type(g),
+        "fix_up",
+    )
+    fluid = LBMState(f=g, t=state.fluid.t + 1)
+    return FreeSurfaceState(fluid=fluid, mass=mass, flags=new_flags, carry=carry)
