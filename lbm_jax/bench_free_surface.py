@@ -13,7 +13,8 @@ the lower half and a drop of radius ``n/8`` falling into it at 0.02 (sigma
 1e-3, gravity 1e-5); MLUPs count every cell, gas and walls included. The plain step
 is :class:`lbm_jax.bench.BenchRun` on the same grid and storage, on one device
 (the free-surface step runs on one). Both use the kernel ``--kernel`` selects
-(``auto``: the native CPU steps where they cover the configuration).
+(``auto``: the native CPU steps where they cover the configuration, the fused
+GPU steps on a GPU).
 
 Run::
 
@@ -86,7 +87,7 @@ def bench_free_surface(
         steps: Steps per timed run.
         repeats: Timed runs per round (the median is the round's figure).
         rounds: Interleaved rounds (the median ratio is the row's figure).
-        kernel: ``"auto"``, ``"native"`` or ``"xla"``, for both steps.
+        kernel: ``"auto"``, ``"gpu"``, ``"native"`` or ``"xla"``, for both steps.
 
     Returns:
         ``{"target_ratio": ..., "results": [row per storage]}``, each row with
@@ -165,7 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--kernel", default="auto", choices=("auto", "native", "xla"))
+    parser.add_argument(
+        "--kernel", default="auto", choices=("auto", "gpu", "native", "xla")
+    )
     parser.add_argument("--target", type=float, default=TARGET_RATIO)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

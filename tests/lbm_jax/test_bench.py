@@ -240,7 +240,7 @@ def test_free_surface_bench_reports_ratios_and_fails_below_its_target(tmp_path):
     [
         (["--n", "8"], "n must be an integer >= 16"),
         (["--storage", "fp13"], "fp13"),
-        (["--kernel", "gpu"], "invalid choice"),
+        (["--kernel", "fast"], "invalid choice"),
         (["--target", "0"], "--target must be a positive ratio"),
     ],
 )
