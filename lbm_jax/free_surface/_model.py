@@ -36,13 +36,15 @@ FluidX3D described by Lehmann & Gekle 2022). Every cell carries a :class:`Flag`
 The populations are held in the simulation's storage format (DDF-shifted 16-bit
 formats work unchanged); mass and flags stay in the compute dtype and ``int8``.
 
-Two implementations compute the step: the whole-array XLA step
-(:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback) and a
+Three implementations compute the step: the whole-array XLA step
+(:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback), a
 native C++ CPU step (``lbm_jax/_native/lbm_free_surface.cc`` through
 ``jax.ffi``: stream-collide and surface passes over memory, the curvature only
-near the interface), which ``kernel="auto"`` picks where it covers the
-configuration (:func:`lbm_jax._native.covered_free_surface`). The two agree to
-round-off: their sums run in different orders.
+near the interface) and a GPU step (:mod:`lbm_jax.free_surface._gpu_step`:
+Pallas kernels built from the fused GPU step's parts), which ``kernel="auto"``
+picks where they cover the configuration (:func:`lbm_jax._native.
+covered_free_surface`, :func:`lbm_jax.free_surface._gpu_step.covered`). They
+agree to round-off: their sums run in different orders.
 """
 
 from __future__ import annotations
