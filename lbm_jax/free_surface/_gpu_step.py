@@ -135,7 +135,7 @@ def _stream_collide_kernel(fs: Any, plan: Any) -> Callable[..., None]:
         cells = _gpu.program_cells(plan)
         mask, coords = cells.mask, cells.coords
         at = tuple(coords)
-        flag = _load(flags_ref, at, mask, Flag.GAS)
+        flag = _load(flags_ref, at, mask, int(Flag.GAS))
         is_f = flag == Flag.FLUID
         is_i = flag == Flag.INTERFACE
         liquid = is_f | is_i
@@ -155,7 +155,7 @@ def _stream_collide_kernel(fs: Any, plan: Any) -> Callable[..., None]:
         for i in range(1, lat.q):
             src = cells.shifted(plan.dirs[i], -1)
             src[0] = wrap(src[0], nx)
-            flag_up = _load(flags_ref, tuple(src), mask, Flag.GAS)
+            flag_up = _load(flags_ref, tuple(src), mask, int(Flag.GAS))
             solid_up, gas_up = flag_up == Flag.SOLID, flag_up == Flag.GAS
             fluid_up = flag_up == Flag.FLUID
             f_up = st.decode(_load(f_ref, index(src, i), mask & liquid, 0))
