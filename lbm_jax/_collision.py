@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -248,12 +249,7 @@ def collide(
         uf = sum(ui * fi for ui, fi in zip(ul, fl, strict=True))
         sym = w * (9 * (cu * cf) - 3 * uf)
         anti = w * (3 * cf)
-        if model.smagorinsky > 0:
-            cp = 1 - 0.5 * wp
-            cm = 1 - 0.5 * (wp if model.kind is Collision.BGK else wm)
-        else:
-            cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
-            cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
+        cp, cm = force_factors(model, wp, wm, dtype)
         out = out + cp * sym + cm * anti
     return out, rho, u
 
@@ -275,13 +271,35 @@ def _smagorinsky_rates(
         for b in range(d):
             pab = jnp.sum(cs[a] * cs[b] * neq, axis=axis)
             pi2 = pi2 + pab * pab
-    tau0 = np.asarray(model.tau, dtype)
+    wp, wm = smagorinsky_rates_from(model, pi2, rho)
+    return _expand(wp, axis), _expand(wm, axis)
+
+
+def smagorinsky_rates_from(
+    model: CollisionModel, pi2: jax.Array, rho: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """``(omega+, omega-)`` of the Smagorinsky model from the squared norm
+    ``pi2`` of the non-equilibrium momentum flux and the density:
+    ``tau = (tau0 + sqrt(tau0^2 + C2 sqrt(pi2) / rho)) / 2``."""
+    tau0 = np.asarray(model.tau, pi2.dtype)
     tau = 0.5 * (
         tau0 + jnp.sqrt(tau0 * tau0 + model.smagorinsky_c2 * jnp.sqrt(pi2) / rho)
     )
-    wp = _expand(1 / tau, axis)
-    wm = _expand(1 / (model.magic / (tau - 0.5) + 0.5), axis)
-    return wp, wm
+    return 1 / tau, 1 / (model.magic / (tau - 0.5) + 0.5)
+
+
+def force_factors(
+    model: CollisionModel, wp: Any, wm: Any, dtype: Any
+) -> tuple[Any, Any]:
+    """The Guo force's factors ``(1 - omega+/2, 1 - omega-/2)`` of the
+    symmetric and antisymmetric parts (per cell with the Smagorinsky model's
+    rates ``wp``, ``wm``; BGK relaxes both parts at ``omega+``)."""
+    if model.smagorinsky > 0:
+        return 1 - 0.5 * wp, 1 - 0.5 * (wp if model.kind is Collision.BGK else wm)
+    return (
+        np.asarray(1 - 0.5 * model.omega_plus, dtype),
+        np.asarray(1 - 0.5 * model.omega_minus, dtype),
+    )
 
 
 def _expand(x: jax.Array, axis: int) -> jax.Array:

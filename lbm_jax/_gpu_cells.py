@@ -14,7 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import Collision, CollisionModel
+from lbm_jax._collision import (
+    Collision,
+    CollisionModel,
+    force_factors,
+    smagorinsky_rates_from,
+)
 from lbm_jax._lattice import Lattice
 from lbm_jax._storage import StoragePolicy
 
@@ -139,12 +144,7 @@ def collide_cells(
             for i in range(q)
         ]
     if force is not None:
-        if model.smagorinsky > 0:
-            cp = 1 - 0.5 * wp
-            cm = 1 - 0.5 * (wp if model.kind is Collision.BGK else wm)
-        else:
-            cp = np.asarray(1 - 0.5 * model.omega_plus, dtype)
-            cm = np.asarray(1 - 0.5 * model.omega_minus, dtype)
+        cp, cm = force_factors(model, wp, wm, dtype)
         uf = u[0] * force[0]
         for a in range(1, d):
             uf = uf + u[a] * force[a]
@@ -163,7 +163,6 @@ def _smagorinsky_rates(
     :func:`lbm_jax._collision._smagorinsky_rates` computes them: the norm of the
     non-equilibrium momentum flux ``Pi_ab = sum_i c_ia c_ib neq_i`` sets an
     effective relaxation time."""
-    dtype = neq[0].dtype
     c = lattice.c
     pi2 = None
     for a in range(lattice.d):
@@ -175,10 +174,7 @@ def _smagorinsky_rates(
                     term = neq[i] if cab > 0 else -neq[i]
                     pab = term if pab is None else pab + term
             pi2 = pab * pab if pi2 is None else pi2 + pab * pab
-    tau0 = np.asarray(model.tau, dtype)
-    c2 = np.asarray(model.smagorinsky_c2, dtype)
-    tau = 0.5 * (tau0 + jnp.sqrt(tau0 * tau0 + c2 * jnp.sqrt(pi2) / rho))
-    return 1 / tau, 1 / (np.asarray(model.magic, dtype) / (tau - 0.5) + 0.5)
+    return smagorinsky_rates_from(model, pi2, rho)
 
 
 #: Formats whose rounding is the GPU's own narrowing conversion (one

@@ -116,89 +116,120 @@ def _load(ref: Any, at: tuple, mask: jax.Array, other: Any) -> jax.Array:
     return plgpu.load(ref.at[at], mask=mask, other=other)
 
 
+class _Cell:
+    """One program's cells as the stream-collide kernel sees them: flags, the
+    surface's fill level, velocity and gas equilibrium, and the loads."""
+
+    def __init__(self, plan: Any, refs: dict[str, Any]) -> None:
+        self.plan, self.refs = plan, refs
+        st, lat = plan.storage, plan.lattice
+        self.cells = _gpu.program_cells(plan)
+        self.mask, self.coords = self.cells.mask, self.cells.coords
+        self.at = tuple(self.coords)
+        flag = _load(refs["flags"], self.at, self.mask, int(Flag.GAS))
+        self.is_f = flag == Flag.FLUID
+        self.is_i = flag == Flag.INTERFACE
+        self.liquid = self.is_f | self.is_i
+        self.surface = self.mask & self.is_i
+        self.phi = _load(refs["phi"], self.at, self.surface, 0)
+        u0 = [_load(r, self.at, self.surface, 0) for r in refs["u0"]]
+        rho_gas = _load(refs["rho_gas"], self.at, self.surface, 1)
+        self.feq_gas = _equilibrium_cells(lat, rho_gas, u0, st.shift)
+
+    def own(self, i: int, where: jax.Array) -> jax.Array:
+        """The cell's stored population ``i`` (decoded) where ``where`` holds."""
+        at = index(self.coords, i)
+        return self.plan.storage.decode(_load(self.refs["f"], at, self.mask & where, 0))
+
+    def pull(self) -> tuple[list[jax.Array], jax.Array, jax.Array, jax.Array]:
+        """``(f_in, dm, has_gas, has_fluid)``: the incoming populations (wall
+        links reflected, gas links rebuilt), an interface cell's mass exchange
+        over its links, and which neighbours it has."""
+        plan, refs = self.plan, self.refs
+        st, lat = plan.storage, plan.lattice
+        opp, nx = lat.opposite, plan.shape[0]
+        f_in = [self.own(0, self.liquid)]
+        dm = jnp.zeros_like(self.phi)
+        has_gas = has_fluid = jnp.zeros_like(self.liquid)
+        for i in range(1, lat.q):
+            o = int(opp[i])
+            src = self.cells.shifted(plan.dirs[i], -1)
+            src[0] = wrap(src[0], nx)
+            flag_up = _load(refs["flags"], tuple(src), self.mask, int(Flag.GAS))
+            solid_up, gas_up = flag_up == Flag.SOLID, flag_up == Flag.GAS
+            fluid_up = flag_up == Flag.FLUID
+            at = index(src, i)
+            f_up = st.decode(_load(refs["f"], at, self.mask & self.liquid, 0))
+            f_rev = self.own(o, self.liquid & (self.is_i | solid_up))
+            gas_link = self.feq_gas[i] + self.feq_gas[o] - f_rev
+            f_in.append(jnp.where(gas_up, gas_link, jnp.where(solid_up, f_rev, f_up)))
+            phi_up = _load(refs["phi"], tuple(src), self.surface, 0)
+            shared = jnp.where(flag_up == Flag.INTERFACE, 0.5 * (self.phi + phi_up), 0)
+            weight = jnp.where(fluid_up, jnp.ones_like(shared), shared)
+            dm = dm + weight * (f_up - f_rev)
+            has_gas = has_gas | gas_up
+            has_fluid = has_fluid | fluid_up
+        return f_in, dm, has_gas, has_fluid
+
+
+#: The stream-collide kernel's refs, in :func:`gpu_step`'s order (``u0`` and
+#: ``u`` hold one ref per axis).
+_INPUTS = ("f", "flags", "phi", "rho_gas", "rho0", "mass", "carry", "u0")
+_OUTPUTS = ("g", "mass_out", "carry_out", "rho_out", "u_out", "bits_out")
+
+
+def _named_refs(refs: tuple, d: int) -> dict[str, Any]:
+    """The kernel's refs by name (the aliased ``g`` input dropped)."""
+    named, k = {}, 0
+    for name in (*_INPUTS, "g_in", *_OUTPUTS):
+        if name in ("u0", "u_out"):
+            named[name], k = refs[k : k + d], k + d
+        else:
+            named[name], k = refs[k], k + 1
+    return named
+
+
 def _stream_collide_kernel(fs: Any, plan: Any) -> Callable[..., None]:
     """Pull, surface links, mass exchange, collision and store (see the module
-    docstring); the refs in :func:`_stream_collide`'s order."""
+    docstring)."""
     _, plgpu = _gpu.pallas_modules()
     lat, st = plan.lattice, plan.storage
-    d, nx = lat.d, plan.shape[0]
-    opp = lat.opposite
     dtype = np.dtype(st.compute_dtype)
     gravity = [np.asarray(g, dtype) for g in fs.gravity] if any(fs.gravity) else None
     rest = [np.asarray(v, dtype) for v in _rest(fs)]
 
-    def kernel(f_ref, flags_ref, phi_ref, rho_gas_ref, rho0_ref, mass_ref, *refs):
-        carry_ref, *refs = refs
-        u0_refs, refs = refs[:d], refs[d:]
-        _, g_ref, mass_out, carry_out, rho_out, *refs = refs
-        u_out, bits_out = refs[:d], refs[d]
-        cells = _gpu.program_cells(plan)
-        mask, coords = cells.mask, cells.coords
-        at = tuple(coords)
-        flag = _load(flags_ref, at, mask, int(Flag.GAS))
-        is_f = flag == Flag.FLUID
-        is_i = flag == Flag.INTERFACE
-        liquid = is_f | is_i
-        surface = mask & is_i
-        phi = _load(phi_ref, at, surface, 0)
-        u0 = [_load(r, at, surface, 0) for r in u0_refs]
-        feq_gas = _equilibrium_cells(
-            lat, _load(rho_gas_ref, at, surface, 1), u0, st.shift
-        )
-
-        def own(i: int, where: jax.Array) -> jax.Array:
-            return st.decode(_load(f_ref, index(coords, i), mask & where, 0))
-
-        fs_in = [own(0, liquid)]
-        dm = jnp.zeros_like(phi)
-        has_gas = has_fluid = jnp.zeros_like(liquid)
+    def kernel(*refs):
+        refs = _named_refs(refs, lat.d)
+        cell = _Cell(plan, refs)
+        mask, at, liquid = cell.mask, cell.at, cell.liquid
+        f_in, dm, has_gas, has_fluid = cell.pull()
+        rho_in = f_in[0]
         for i in range(1, lat.q):
-            src = cells.shifted(plan.dirs[i], -1)
-            src[0] = wrap(src[0], nx)
-            flag_up = _load(flags_ref, tuple(src), mask, int(Flag.GAS))
-            solid_up, gas_up = flag_up == Flag.SOLID, flag_up == Flag.GAS
-            fluid_up = flag_up == Flag.FLUID
-            f_up = st.decode(_load(f_ref, index(src, i), mask & liquid, 0))
-            f_rev = own(int(opp[i]), liquid & (is_i | solid_up))
-            fi = jnp.where(solid_up, f_rev, f_up)
-            gas_link = feq_gas[i] + feq_gas[int(opp[i])] - f_rev
-            fs_in.append(jnp.where(gas_up, gas_link, fi))
-            phi_up = _load(phi_ref, tuple(src), surface, 0)
-            weight = jnp.where(
-                fluid_up,
-                np.asarray(1, dtype),
-                jnp.where(flag_up == Flag.INTERFACE, 0.5 * (phi + phi_up), 0),
-            )
-            dm = dm + weight * (f_up - f_rev)
-            has_gas = has_gas | gas_up
-            has_fluid = has_fluid | fluid_up
-        rho_in = fs_in[0]
-        for i in range(1, lat.q):
-            rho_in = rho_in + fs_in[i]
+            rho_in = rho_in + f_in[i]
         if st.shift:
             rho_in = rho_in + 1
-        rho0 = _load(rho0_ref, at, mask & is_f, 1)
-        dm = jnp.where(is_f, rho_in - rho0, dm)
+        # a fluid cell's exchange sums all its link terms: its density change
+        rho0 = _load(refs["rho0"], at, mask & cell.is_f, 1)
+        dm = jnp.where(cell.is_f, rho_in - rho0, dm)
         rho_in = jnp.where(liquid, rho_in, np.asarray(1, dtype))
         force = None if gravity is None else [rho_in * g for g in gravity]
         out, rho, u = collide_cells(
-            lat, plan.model, fs_in, shift=st.shift, force=force, with_moments=True
+            lat, plan.model, f_in, shift=st.shift, force=force, with_moments=True
         )
         for i in range(lat.q):
             value = jnp.where(liquid, out[i], jnp.full_like(out[i], rest[i]))
-            plgpu.store(
-                g_ref.at[index(coords, i)], encode_in_kernel(st, value), mask=mask
-            )
-        mass = _load(mass_ref, at, mask, 0)
-        carry = _load(carry_ref, at, mask, 0)
+            at_i = index(cell.coords, i)
+            plgpu.store(refs["g"].at[at_i], encode_in_kernel(st, value), mask=mask)
+        mass = _load(refs["mass"], at, mask, 0)
+        carry = _load(refs["carry"], at, mask, 0)
         mass, carry = two_sum(mass, carry, jnp.where(liquid, dm, 0))
-        plgpu.store(mass_out.at[at], mass, mask=mask)
-        plgpu.store(carry_out.at[at], carry, mask=mask)
-        plgpu.store(rho_out.at[at], jnp.where(liquid, rho, 1), mask=mask)
-        for a in range(d):
-            plgpu.store(u_out[a].at[at], jnp.where(liquid, u[a], 0), mask=mask)
+        plgpu.store(refs["mass_out"].at[at], mass, mask=mask)
+        plgpu.store(refs["carry_out"].at[at], carry, mask=mask)
+        plgpu.store(refs["rho_out"].at[at], jnp.where(liquid, rho, 1), mask=mask)
+        for ref, ua in zip(refs["u_out"], u, strict=True):
+            plgpu.store(ref.at[at], jnp.where(liquid, ua, 0), mask=mask)
         bits = has_gas.astype(jnp.int8) + 2 * has_fluid.astype(jnp.int8)
-        plgpu.store(bits_out.at[at], bits, mask=mask)
+        plgpu.store(refs["bits_out"].at[at], bits, mask=mask)
 
     return kernel
 

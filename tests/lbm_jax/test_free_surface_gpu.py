@@ -56,7 +56,7 @@ CASES = [
     ("D2Q9", (24, 32), "fp32", dict()),
     ("D2Q9", (24, 32), "fp16s", dict(collision="trt", smagorinsky=0.15)),
     ("D3Q19", (10, 12, 16), "fp16c", dict(smagorinsky=0.1)),
-    ("D2Q9", (16, 24), "bf16", dict(shift=False)),
+    pytest.param("D2Q9", (16, 24), "bf16", dict(shift=False), marks=pytest.mark.slow),
     pytest.param(
         "D2Q9", (16, 24), "posit16", dict(collision="trt"), marks=pytest.mark.slow
     ),
