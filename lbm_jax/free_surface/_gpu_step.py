@@ -179,9 +179,9 @@ _OUTPUTS = ("g", "mass_out", "carry_out", "rho_out", "u_out", "bits_out")
 
 
 def _named_refs(refs: tuple, d: int) -> dict[str, Any]:
-    """The kernel's refs by name (the aliased ``g`` input dropped)."""
+    """The kernel's refs by name."""
     named, k = {}, 0
-    for name in (*_INPUTS, "g_in", *_OUTPUTS):
+    for name in (*_INPUTS, *_OUTPUTS):
         if name in ("u0", "u_out"):
             named[name], k = refs[k : k + d], k + d
         else:
@@ -269,8 +269,15 @@ def _plan(fs: Any, interpret: bool) -> Any:
 
 
 def _pallas_call(
-    plan: Any, kernel: Callable, inputs: list, alias: int, out_shape: list, name: str
+    plan: Any,
+    kernel: Callable,
+    inputs: list,
+    alias: int | None,
+    out_shape: Any,
+    name: str,
 ) -> Any:
+    """``kernel`` over the grid; ``alias``: the input the first output updates
+    (``None``: every output is new and written in full)."""
     pl, plgpu = _gpu.pallas_modules()
     params = {}
     if not plan.interpret:
@@ -279,7 +286,7 @@ def _pallas_call(
         kernel,
         out_shape=out_shape,
         grid=plan.grid,
-        input_output_aliases={alias: 0},
+        input_output_aliases={} if alias is None else {alias: 0},
         interpret=plan.interpret,
         name=f"free_surface_{name}_{plan.lattice.name.lower()}",
         **params,
@@ -318,8 +325,8 @@ def gpu_step(
     g, mass, carry, rho, *rest = _pallas_call(
         plan,
         _stream_collide_kernel(fs, plan),
-        [*inputs, jnp.empty_like(stored)],
-        len(inputs),
+        inputs,
+        None,
         out_shape,
         "stream_collide",
     )
