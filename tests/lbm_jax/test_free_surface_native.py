@@ -24,9 +24,10 @@ from lbm_jax.cases.free_surface import build, floor_and_ceiling
 from lbm_jax.free_surface import FreeSurface, sphere_fill
 from lbm_jax.free_surface._state import FILL_MARGIN, Flag
 
-pytestmark = pytest.mark.skipif(
-    not _native.available(), reason="the native library cannot be built here"
-)
+from ._native_env import native_skip_reason
+
+_WHY = native_skip_reason()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=str(_WHY))
 
 STEPS = 40
 # (lattice, grid, storage, gravity, flow)

@@ -13,21 +13,9 @@ from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
 from lbm_jax._collision import equilibrium, parse_collision
 from lbm_jax._kernel import default_slab, make_step_into, to_layout
 
+from ._native_env import native_skip_reason
 
-def _skip_reason() -> str | None:
-    """Why these tests cannot run here: not a CPU backend, or an environment
-    without the native step (no compiler, another CPU, no usable cache). A
-    compiler that fails on the source fails the tests instead (the reason is in
-    the assertion messages)."""
-    if jax.default_backend() != "cpu":
-        return (
-            f"the native step is a CPU kernel; the backend is {jax.default_backend()}"
-        )
-    why = _native.unavailable_reason()
-    return None if why is None or "compiling with" in why else why
-
-
-_WHY = _skip_reason()
+_WHY = native_skip_reason()
 pytestmark = [
     pytest.mark.backend,
     pytest.mark.skipif(_WHY is not None, reason=str(_WHY)),
