@@ -467,23 +467,17 @@ def select_free_surface(
 
     ``kernel`` is ``"auto"`` (native where :func:`covered_free_surface` and the
     library is available; an unavailable library warns once,
-    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``; the
-    model has already chosen the GPU step where that runs
-    (:func:`lbm_jax.free_surface._gpu_step.covered`).
+    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``
+    (``"gpu"``: not the native step; the model chooses the GPU step itself, see
+    :func:`lbm_jax.free_surface._gpu_step.covered`).
 
     Raises:
-        ValueError: An unknown ``kernel`` (``"gpu"`` included: not a CPU step),
-            or ``"native"`` for a configuration the native step does not cover
-            (saying why).
+        ValueError: An unknown ``kernel``, or ``"native"`` for a configuration
+            the native step does not cover (saying why).
         TypeError: A ``kernel`` that is not a string.
     """
     choice = parse_kernel(kernel)
-    if choice == "gpu":
-        raise ValueError(
-            "the CPU steps of a free-surface model are kernel 'auto', 'native' or "
-            f"'xla', got {kernel!r}."
-        )
-    if choice == "xla":
+    if choice in ("xla", "gpu"):
         return False
     why_not = covered_free_surface(lattice, storage, shape, devices)
     return _choose(choice, why_not, "free-surface model")
