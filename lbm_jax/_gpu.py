@@ -67,6 +67,7 @@ __all__ = [
     "pallas_modules",
     "program_cells",
     "result_type",
+    "run_kernel",
     "supported",
     "unavailable_reason",
 ]
@@ -328,20 +329,36 @@ def _call(
     """Run ``kernel(*inputs, out, out)`` over the grid, the result aliased to
     ``out`` (the kernel gets the refs of the inputs, of ``out`` as it comes in,
     and of the result; on a GPU the last two are the same memory)."""
+    name = f"lbm_{plan.lattice.name.lower()}_{plan.storage.short_name}"
+    return run_kernel(plan, kernel, [*inputs, out], result_type(out), name, alias=True)
+
+
+def run_kernel(
+    plan: Plan,
+    kernel: Callable[..., None],
+    inputs: list[jax.Array],
+    out_shape: Any,
+    name: str,
+    *,
+    alias: bool = False,
+) -> Any:
+    """Run ``kernel`` over ``plan``'s grid: the refs of ``inputs``, then of the
+    results ``out_shape`` (one type or a list). ``alias``: the first result
+    updates the last input in place (the kernel writes only what it changes);
+    otherwise every result is a new buffer the kernel writes in full."""
     pl, plgpu = pallas_modules()
-    args = [*inputs, out]
     params = {}
     if not plan.interpret:
         params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
     return pl.pallas_call(
         kernel,
-        out_shape=result_type(out),
+        out_shape=out_shape,
         grid=plan.grid,
-        input_output_aliases={len(args) - 1: 0},
+        input_output_aliases={len(inputs) - 1: 0} if alias else {},
         interpret=plan.interpret,
-        name=f"lbm_{plan.lattice.name.lower()}_{plan.storage.short_name}",
+        name=name,
         **params,
-    )(*args)
+    )(*inputs)
 
 
 def _varying_axes(a: jax.Array) -> tuple[str, ...]:

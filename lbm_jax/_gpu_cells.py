@@ -23,7 +23,14 @@ from lbm_jax._collision import (
 from lbm_jax._lattice import Lattice
 from lbm_jax._storage import StoragePolicy
 
-__all__ = ["Cells", "collide_cells", "encode_in_kernel", "index", "wrap"]
+__all__ = [
+    "Cells",
+    "collide_cells",
+    "encode_in_kernel",
+    "equilibrium_cells",
+    "index",
+    "wrap",
+]
 
 
 def wrap(i: jax.Array, n: int) -> jax.Array:
@@ -117,19 +124,8 @@ def collide_cells(
         u = [ja * inv_rho for ja in j]
     else:
         u = [(ja + 0.5 * fa) * inv_rho for ja, fa in zip(j, force, strict=True)]
-    usq = u[0] * u[0]
-    for a in range(1, d):
-        usq = usq + u[a] * u[a]
-    cus = [_dot(c[i], u) for i in range(q)]
-    neq = []
-    for i in range(q):
-        cu = cus[i]
-        poly = 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
-        if shift:
-            feq = w[i] * rho * poly + w[i] * (rho - 1)
-        else:
-            feq = w[i] * rho * (1 + poly)
-        neq.append(fs[i] - feq)
+    feq, cus = equilibrium_cells(lattice, rho, u, shift=shift)
+    neq = [fs[i] - feq[i] for i in range(q)]
     wp = np.asarray(model.omega_plus, dtype)
     wm = np.asarray(model.omega_minus, dtype)
     if model.smagorinsky > 0:
@@ -154,6 +150,24 @@ def collide_cells(
             anti = w[i] * (3 * cf)
             out[i] = out[i] + cp * sym + cm * anti
     return (out, rho, u) if with_moments else out
+
+
+def equilibrium_cells(
+    lattice: Lattice, rho: jax.Array, u: list[jax.Array], *, shift: bool
+) -> tuple[list[jax.Array], list[Any]]:
+    """``(feq, cu)``: the equilibrium per direction (shifted: ``w r poly + w (r -
+    1)``, else ``w r (1 + poly)``) and ``c_i . u``, in the XLA step's order."""
+    dtype = rho.dtype
+    usq = u[0] * u[0]
+    for a in range(1, lattice.d):
+        usq = usq + u[a] * u[a]
+    cus = [_dot(ci, u) for ci in lattice.c]
+    feq = []
+    for wi, cu in zip(lattice.w, cus, strict=True):
+        w = np.asarray(wi, dtype)
+        poly = 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
+        feq.append(w * rho * poly + w * (rho - 1) if shift else w * rho * (1 + poly))
+    return feq, cus
 
 
 def _smagorinsky_rates(

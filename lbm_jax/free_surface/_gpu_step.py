@@ -40,7 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lbm_jax import _gpu
-from lbm_jax._gpu_cells import collide_cells, encode_in_kernel, index, wrap
+from lbm_jax._gpu_cells import (
+    collide_cells,
+    encode_in_kernel,
+    equilibrium_cells,
+    index,
+    wrap,
+)
 from lbm_jax._kernel import from_layout
 from lbm_jax._simulation import LBMState
 from lbm_jax.free_surface._state import (
@@ -90,27 +96,6 @@ def _rest(fs: Any) -> list[float]:
     return [0.0 if fs.sim.storage.shift else float(v) for v in w]
 
 
-def _equilibrium_cells(
-    lat: Any, rho: jax.Array, u: list[jax.Array], shift: bool
-) -> list[jax.Array]:
-    """The equilibrium per direction, in :func:`collide_cells`' arithmetic."""
-    dtype = rho.dtype
-    usq = u[0] * u[0]
-    for a in range(1, lat.d):
-        usq = usq + u[a] * u[a]
-    out = []
-    for i in range(lat.q):
-        w = np.asarray(lat.w[i], dtype)
-        cu = None
-        for a, ca in enumerate(lat.c[i]):
-            if ca:
-                term = u[a] if ca > 0 else -u[a]
-                cu = term if cu is None else cu + term
-        poly = -1.5 * usq if cu is None else 3 * cu + 4.5 * (cu * cu) - 1.5 * usq
-        out.append(w * rho * poly + w * (rho - 1) if shift else w * rho * (1 + poly))
-    return out
-
-
 def _load(ref: Any, at: tuple, mask: jax.Array, other: Any) -> jax.Array:
     _, plgpu = _gpu.pallas_modules()
     return plgpu.load(ref.at[at], mask=mask, other=other)
@@ -134,7 +119,7 @@ class _Cell:
         self.phi = _load(refs["phi"], self.at, self.surface, 0)
         u0 = [_load(r, self.at, self.surface, 0) for r in refs["u0"]]
         rho_gas = _load(refs["rho_gas"], self.at, self.surface, 1)
-        self.feq_gas = _equilibrium_cells(lat, rho_gas, u0, st.shift)
+        self.feq_gas = equilibrium_cells(lat, rho_gas, u0, shift=st.shift)[0]
 
     def own(self, i: int, where: jax.Array) -> jax.Array:
         """The cell's stored population ``i`` (decoded) where ``where`` holds."""
@@ -251,7 +236,7 @@ def _fix_up_kernel(fs: Any, plan: Any) -> Callable[..., None]:
         new = code == _NEW_INTERFACE
         rho = _load(rho_ref, at, mask & new, 1)
         u = [_load(r, at, mask & new, 0) for r in u_refs]
-        feq = _equilibrium_cells(lat, rho, u, st.shift)
+        feq, _ = equilibrium_cells(lat, rho, u, shift=st.shift)
         for i in range(lat.q):
             value = jnp.where(new, feq[i], jnp.full_like(feq[i], rest[i]))
             plgpu.store(
@@ -266,31 +251,6 @@ def _fix_up_kernel(fs: Any, plan: Any) -> Callable[..., None]:
 def _plan(fs: Any, interpret: bool) -> Any:
     sim = fs.sim
     return _gpu.Plan(sim.lattice, sim.storage, fs.collision, sim.shape, None, interpret)
-
-
-def _pallas_call(
-    plan: Any,
-    kernel: Callable,
-    inputs: list,
-    alias: int | None,
-    out_shape: Any,
-    name: str,
-) -> Any:
-    """``kernel`` over the grid; ``alias``: the input the first output updates
-    (``None``: every output is new and written in full)."""
-    pl, plgpu = _gpu.pallas_modules()
-    params = {}
-    if not plan.interpret:
-        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
-    return pl.pallas_call(
-        kernel,
-        out_shape=out_shape,
-        grid=plan.grid,
-        input_output_aliases={} if alias is None else {alias: 0},
-        interpret=plan.interpret,
-        name=f"free_surface_{name}_{plan.lattice.name.lower()}",
-        **params,
-    )(*inputs)
 
 
 def gpu_step(
@@ -322,13 +282,9 @@ def gpu_step(
         jax.ShapeDtypeStruct(flags.shape, jnp.int8),
     ]
     inputs = [stored, flags, phi, rho_gas, rho0, state.mass, state.carry, *u0]
-    g, mass, carry, rho, *rest = _pallas_call(
-        plan,
-        _stream_collide_kernel(fs, plan),
-        inputs,
-        None,
-        out_shape,
-        "stream_collide",
+    name = f"free_surface_{lat.name.lower()}_{pol.short_name}"
+    g, mass, carry, rho, *rest = _gpu.run_kernel(
+        plan, _stream_collide_kernel(fs, plan), inputs, out_shape, name
     )
     u, bits = rest[: lat.d], rest[lat.d]
     has_gas, has_fluid = (bits & 1) != 0, (bits & 2) != 0
@@ -342,13 +298,13 @@ def gpu_step(
     )
     code = jnp.where(gas_to_i, _NEW_INTERFACE, jnp.where(to_gas, _TO_GAS, _KEEP))
     inputs = [code.astype(jnp.int8), rho_new, *u_new]
-    g = _pallas_call(
+    g = _gpu.run_kernel(
         plan,
         _fix_up_kernel(fs, plan),
         [*inputs, g],
-        len(inputs),
         _gpu.result_type(g),
-        "fix_up",
+        f"{name}_conversions",
+        alias=True,
     )
     fluid = LBMState(f=g, t=state.fluid.t + 1)
     return FreeSurfaceState(fluid=fluid, mass=mass, flags=new_flags, carry=carry)
