@@ -250,3 +250,16 @@ def test_free_surface_bench_refuses_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit) as err:
         bench_free_surface.main(argv)
     assert err.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_free_surface_bench_refuses_the_gpu_kernel_without_a_gpu(capsys):
+    """``--kernel gpu`` off a GPU stops with the reason before anything compiles."""
+    from lbm_jax import _gpu, bench_free_surface
+
+    if _gpu.available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit) as err:
+        bench_free_surface.main(["--n", "16", "--kernel", "gpu"])
+    message = capsys.readouterr().err
+    assert err.value.code == 2 and "kernel='gpu' is not available" in message
+    assert "not a GPU" in message
