@@ -1,6 +1,8 @@
 """mpjax: functional mixed precision for JAX."""
 
 from mpjax import formats
+from mpjax._autocast import autocast
+from mpjax._autocast_rules import AutocastRules
 from mpjax._flax import apply_policy, policy_apply
 from mpjax._fp8 import Fp8Config, Fp8Meta, Fp8MetaValue, fp8_loss
 from mpjax._fp8_optim import (
@@ -27,6 +29,8 @@ from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
 from mpjax._train import TrainState, make_train_step
 
 __all__ = [
+    "AutocastRules",
+    "autocast",
     "Fp8Config",
     "Fp8DelayedScalingState",
     "Fp8Meta",
