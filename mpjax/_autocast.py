@@ -50,20 +50,38 @@ __all__ = ["autocast"]
 
 @dataclasses.dataclass(frozen=True)
 class _Interpreter:
-    """Evaluates jaxprs with the rule of each primitive from ``table``."""
+    """Evaluates jaxprs with the rule of each primitive from ``table``.
+
+    ``constants`` holds the variables of the jaxpr being evaluated that are
+    computed from literals only (each evaluation has its own).
+    """
 
     policy: Policy
     table: Mapping[str, Rule]
+    constants: set[Any] = dataclasses.field(default_factory=set)
 
     @property
     def compute_dtype(self) -> np.dtype:
         return self.policy.compute_dtype
 
-    def evaluate(self, closed: jcore.ClosedJaxpr, args: Sequence[Any]) -> list[Any]:
+    def adapts(self, atom: Any) -> bool:
+        return isinstance(atom, jcore.Literal) or atom in self.constants
+
+    def evaluate(
+        self,
+        closed: jcore.ClosedJaxpr,
+        args: Sequence[Any],
+        adapting: Sequence[bool] | None = None,
+    ) -> list[Any]:
         """Evaluates ``closed`` on ``args``; its floating constants (arrays the
         traced function closed over) are cast to the compute dtype, like the
-        arguments of the top-level function."""
+        arguments of the top-level function. ``adapting`` marks the arguments
+        computed from literals only."""
         jaxpr = closed.jaxpr
+        scope = _Interpreter(self.policy, self.table)
+        if adapting is not None:
+            marked = zip(jaxpr.invars, adapting, strict=True)
+            scope.constants.update(v for v, a in marked if a)
         env: dict[Any, Any] = {}
 
         def read(atom: Any) -> Any:
@@ -73,19 +91,18 @@ class _Interpreter:
                 return atom.val
             return np.asarray(atom.val, atom.aval.dtype)
 
-        env.update(
-            zip(
-                jaxpr.constvars, self.policy.cast_to_compute(closed.consts), strict=True
-            )
-        )
+        consts = self.policy.cast_to_compute(closed.consts)
+        env.update(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
         for eqn in jaxpr.eqns:
             rule = self.table.get(eqn.primitive.name)
             if rule is None:
                 has_body = any(True for _ in jcore.jaxprs_in_params(eqn.params))
                 rule = in_traced_dtype if has_body else follow_inputs
-            outs = rule(self, eqn, [read(a) for a in eqn.invars])
+            outs = rule(scope, eqn, [read(a) for a in eqn.invars])
             env.update(zip(eqn.outvars, outs, strict=True))
+            if all(scope.adapts(a) for a in eqn.invars):
+                scope.constants.update(eqn.outvars)
         return [read(v) for v in jaxpr.outvars]
 
 
@@ -129,7 +146,8 @@ def _widened(
 
 def _inline(ctx: _Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
     key = "jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"
-    return ctx.evaluate(_closed(eqn.params[key]), invals)
+    adapting = [ctx.adapts(a) for a in eqn.invars]
+    return ctx.evaluate(_closed(eqn.params[key]), invals, adapting)
 
 
 def _remat(ctx: _Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
@@ -231,7 +249,10 @@ def _cond(ctx: _Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
     index, ops = invals[0], invals[1:]
     branches = eqn.params["branches"]
     shapes = [jax.eval_shape(lambda o, b=b: ctx.evaluate(b, o), ops) for b in branches]
-    dtypes = [widest([s.dtype for s in outs]) for outs in zip(*shapes, strict=True)]
+    dtypes = [
+        widest([s.dtype for s in outs]) if is_floating(outs[0].dtype) else outs[0].dtype
+        for outs in zip(*shapes, strict=True)
+    ]
 
     def branch(body: jcore.ClosedJaxpr) -> Callable[..., list]:
         return lambda *o: [
@@ -298,8 +319,9 @@ def autocast(
       float32, so softmax, normalisation and losses are float32;
     * ``traced_dtype_ops`` run in the dtypes ``fun`` was traced with;
     * every other primitive runs in the widest floating dtype of its inputs
-      (literals adapt to the others), so a float32 value stays float32 until a
-      product takes it; explicit conversions (``x.astype(...)``) are kept.
+      (constants, such as literals, ``jnp.zeros`` or an ``iota`` mask, take the
+      others' dtype), so a float32 value stays float32 until a product takes
+      it; explicit conversions (``x.astype(...)``) are kept.
 
     Bodies of ``jit``, ``scan``, ``while_loop``, ``cond``, ``jax.checkpoint``,
     ``custom_jvp``/``custom_vjp`` functions and ``shard_map`` are evaluated

@@ -24,7 +24,19 @@ from jax import lax
 from jax.extend import core as jcore
 from jax.extend.core import primitives as jprims
 
-__all__ = ["AutocastRules", "HIGHER_ORDER", "Interpreter", "Rule", "bind", "cast"]
+__all__ = [
+    "HIGHER_ORDER",
+    "AutocastRules",
+    "Interpreter",
+    "Rule",
+    "bind",
+    "cast",
+    "follow_inputs",
+    "in_traced_dtype",
+    "is_floating",
+    "list_rules",
+    "widest",
+]
 
 #: Primitives the interpreter enters instead of casting: their bodies are
 #: evaluated under the same rules (see :mod:`mpjax._autocast`).
@@ -227,6 +239,11 @@ class Interpreter(Protocol):
     def evaluate(self, closed: jcore.ClosedJaxpr, args: Sequence[Any]) -> list[Any]:
         """Evaluates ``closed`` on ``args`` under the same rules."""
 
+    def adapts(self, atom: Any) -> bool:
+        """Whether an input of an equation is computed from literals only (a
+        scalar constant, ``jnp.zeros``, a mask from ``iota``): it was given the
+        other operands' dtype when the function was traced, and adapts again."""
+
 
 #: ``rule(interpreter, eqn, invals) -> outvals`` for one equation.
 Rule = Callable[[Interpreter, jcore.JaxprEqn, list[Any]], list[Any]]
@@ -269,22 +286,20 @@ def bind(eqn: jcore.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
     return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
-def _free_dtypes(eqn: jcore.JaxprEqn, invals: Sequence[Any]) -> list[np.dtype]:
-    """The floating dtypes of the inputs that are not scalar constants (literals,
-    also when passed into a sub-program) or weakly typed: those were given the
-    other operands' dtype when the function was traced, and adapt again."""
+def _free_dtypes(
+    ctx: Interpreter, eqn: jcore.JaxprEqn, invals: Sequence[Any]
+) -> list[np.dtype]:
+    """The floating dtypes of the inputs that neither adapt nor are weakly typed."""
     return [
         _dtype(x)
         for atom, x in zip(eqn.invars, invals, strict=True)
-        if is_floating(x)
-        and not (isinstance(x, np.ndarray | np.generic) and np.ndim(x) == 0)
-        and not atom.aval.weak_type
+        if is_floating(x) and not ctx.adapts(atom) and not atom.aval.weak_type
     ]
 
 
 def follow_inputs(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
     """Runs in the widest floating dtype of the inputs."""
-    dtypes = _free_dtypes(eqn, invals)
+    dtypes = _free_dtypes(ctx, eqn, invals)
     if not dtypes:
         return bind(eqn, invals)
     target = widest(dtypes)
@@ -293,7 +308,7 @@ def follow_inputs(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
 
 def in_float32(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
     """Runs in float32, or in a wider input dtype."""
-    target = widest([np.dtype(np.float32), *_free_dtypes(eqn, invals)])
+    target = widest([np.dtype(np.float32), *_free_dtypes(ctx, eqn, invals)])
     return bind(eqn, [cast(x, target) for x in invals])
 
 

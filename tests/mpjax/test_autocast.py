@@ -70,11 +70,18 @@ def qkv():
 def test_attention_products_are_bfloat16_and_softmax_float32(qkv):
     fun = mpjax.autocast(_attention, "mixed_bfloat16")
     _assert_products_low(fun, *qkv, count=2)
-    eqns = _eqns(fun, *qkv, name=("exp", "reduce_sum", "reduce_max", "div", "sqrt"))
+    eqns = _eqns(fun, *qkv, name=("exp", "reduce_sum", "reduce_max", "sqrt"))
     assert {e.primitive.name for e in eqns} == {
-        *("exp", "reduce_sum", "reduce_max", "div", "sqrt")
+        "exp",
+        "reduce_sum",
+        "reduce_max",
+        "sqrt",
     }
     assert all(v.aval.dtype == F32 for e in eqns for v in e.outvars)
+    # scores / sqrt(d): a constant divisor takes the scores' dtype; the softmax's
+    # division by its float32 sum is float32
+    divs = _eqns(fun, *qkv, name=("div",))
+    assert [e.outvars[0].aval.dtype for e in divs] == [BF16, F32]
     assert fun(*qkv).dtype == F32
 
 
@@ -171,6 +178,23 @@ def test_other_operations_follow_their_widest_input():
     assert add.outvars[0].aval.dtype == F32  # bfloat16 + float32 (from exp)
     low, high = mpjax.autocast(fun, "c=bf16")(a, a)
     assert (low.dtype, high.dtype) == (BF16, BF16)  # output dtype of c=bf16
+
+
+def test_arrays_built_from_constants_adapt_like_literals():
+    def fun(x):
+        causal = jnp.tril(jnp.ones((4, 4), bool))
+        masked = jnp.where(causal, x @ x.T, -jnp.inf) + jnp.zeros((4, 4))
+        return jnp.clip(masked, -1.0, 1.0)
+
+    eqns = _eqns(mpjax.autocast(fun, "c=bf16"), _normal(0, (4, 4)))
+    computed = [
+        e
+        for e in eqns
+        if e.primitive.name in ("select_n", "add", "max")
+        and jnp.issubdtype(e.outvars[0].aval.dtype, jnp.floating)
+    ]
+    assert len(computed) == 3
+    assert {e.outvars[0].aval.dtype for e in computed} == {BF16}
 
 
 def test_explicit_conversions_are_kept():
