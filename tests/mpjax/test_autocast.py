@@ -432,31 +432,40 @@ def test_pytrees_and_keywords_in_and_out():
 # --- training -------------------------------------------------------------------
 
 
+def _train_digits(loss_fn, params, *, check=None):
+    """Held-out loss after 60 Adam steps on scikit-learn's digits, with dynamic
+    loss scaling and float32 master parameters."""
+    digits = _data.digits(seed=0)
+    optimizer = mpjax.dynamic_loss_scaling(optax.adam(3e-3))
+    step = jax.jit(mpjax.make_train_step(loss_fn, optimizer, "float32"))
+    state = mpjax.TrainState.create(params, optimizer)
+    rows = np.random.default_rng(0).integers(0, len(digits.x_train), (60, 64))
+    if check is not None:
+        check(step, state, (digits.x_train[rows[0]], digits.y_train[rows[0]]))
+    for r in rows:
+        state, metrics = step(state, (digits.x_train[r], digits.y_train[r]))
+        assert np.isfinite(float(metrics["loss"])) and not metrics["skipped"]
+    return float(loss_fn(state.params, (digits.x_test, digits.y_test)))
+
+
 @pytest.mark.standard_promotion  # optax.adam promotes internally
 def test_autocast_loss_trains_in_float16_with_dynamic_loss_scaling():
     from flax import nnx
 
-    digits = _data.digits(seed=0)
     graphdef, params = nnx.split(_models.MLP(64, 32, 10, rngs=nnx.Rngs(0)))
 
     def loss_fn(params, batch):
         return _models.classification_loss(nnx.merge(graphdef, params), batch)
 
+    def float16_products(step, state, batch):
+        _assert_products_low(step, state, batch, low=F16)
+
     auto = mpjax.autocast(loss_fn, "mixed_float16")
-    optimizer = mpjax.dynamic_loss_scaling(optax.adam(3e-3))
-    step = jax.jit(mpjax.make_train_step(auto, optimizer, "float32"))
-    state = mpjax.TrainState.create(params, optimizer)
-    rows = np.random.default_rng(0).integers(0, len(digits.x_train), (60, 64))
-    batch = (digits.x_train[rows[0]], digits.y_train[rows[0]])
-    _assert_products_low(step, state, batch, low=F16)
-    held_out = (digits.x_test, digits.y_test)
-    before = float(loss_fn(state.params, held_out))
-    for r in rows:
-        state, metrics = step(state, (digits.x_train[r], digits.y_train[r]))
-        assert np.isfinite(float(metrics["loss"]))
-    after = float(loss_fn(state.params, held_out))
-    assert after < 0.5 * before, (before, after)
-    assert float(metrics["loss_scale"]) > 1.0
+    after = _train_digits(auto, params, check=float16_products)
+    reference = _train_digits(loss_fn, params)
+    # from 2.32 (ln 10: chance) to 0.68 in both runs
+    assert after < 0.4 * 2.32
+    assert abs(after - reference) < 0.05 * reference, (after, reference)
 
 
 # --- the rules ------------------------------------------------------------------
