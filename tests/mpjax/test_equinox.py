@@ -4,7 +4,9 @@ and an Equinox training loop turned float16 in a few changed lines."""
 from __future__ import annotations
 
 import difflib
+import re
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -285,3 +287,15 @@ def test_float32_equinox_loop_becomes_float16_in_four_changed_lines():
     assert set(_dtypes(half["model"])) == {np.dtype(jnp.float32)}
     assert float(mpjax.get_loss_scale(half["opt_state"])) > 1.0
     assert abs(half["losses"][-1] - full["losses"][-1]) < 0.05 * full["losses"][-1]
+
+
+def test_equinox_guide_runs():
+    page = Path(__file__).resolve().parents[2] / "docs/mixed_precision/equinox.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert len(blocks) >= 6
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), namespace)
+    assert namespace["model"].layers[0].weight.dtype == jnp.float32
+    assert isinstance(namespace["half"].head, namespace["Head"])
+    assert namespace["half"].body.weight.dtype == jnp.float32

@@ -10,6 +10,8 @@ and only mpjax's side is pinned.
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -173,3 +175,13 @@ def test_gradients_come_back_in_the_parameter_dtype_not_float32():
     *_, theirs = DynamicScale(scale=2.0**10).value_and_grad(loss_fn)(params)
     assert ours.dtype == jnp.bfloat16  # scaled; the optimizer unscales in float32
     assert theirs.dtype == jnp.float32  # Flax hands back unscaled float32 grads
+
+
+def test_every_test_the_differences_page_names_exists():
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs/mixed_precision/differences.md").read_text()
+    named = set(re.findall(r"`(test_\w+\.py)::(test_\w+)`", page))
+    assert len(named) >= 20
+    for file, test in sorted(named):
+        source = (root / "tests/mpjax" / file).read_text()
+        assert re.search(rf"^def {test}\(", source, re.M), f"{file}::{test}"
