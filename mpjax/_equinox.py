@@ -38,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
 
 from mpjax._fp8 import Fp8Config, Fp8MetaValue
 from mpjax._fp8_ops import fp8_product
@@ -135,16 +136,48 @@ def _policy_class(cls: type) -> type:
     return type(cls.__name__, (cls,), namespace)
 
 
-def _fp8_call(self: Any, x: Any, *, key: Any = None) -> jax.Array:
-    """``eqx.nn.Linear.__call__`` with the product in fp8. Also takes a batch
-    (leading axes) directly: one amax per step for the whole batch."""
-    del key
+def _fp8_linear(meta: Fp8MetaValue, weight: Any, bias: Any, x: Any) -> jax.Array:
+    """``x @ weight.T + bias`` with the product in fp8; ``x`` may carry leading
+    batch axes."""
     x = jnp.asarray(x)
     contract = (((x.ndim - 1,), (1,)), ((), ()))
-    y = fp8_product(self.fp8_meta, x, self.weight, dimension_numbers=contract)
-    if self.bias is not None:
-        y = y + self.bias.reshape((1,) * (y.ndim - 1) + self.bias.shape)
+    y = fp8_product(meta, x, weight, dimension_numbers=contract)
+    if bias is not None:
+        y = y + bias.reshape((1,) * (y.ndim - 1) + bias.shape)
     return y
+
+
+@custom_vmap
+def _fp8_linear_mapped(meta: Fp8MetaValue, weight: Any, bias: Any, x: Any) -> Any:
+    return _fp8_linear(meta, weight, bias, x)
+
+
+@_fp8_linear_mapped.def_vmap
+def _fp8_linear_batch(
+    axis_size: int, in_batched: list, meta: Any, weight: Any, bias: Any, x: Any
+) -> tuple[jax.Array, bool]:
+    """Under ``jax.vmap`` over the examples (the Equinox idiom) the product runs
+    once on the whole batch, so its amaxes are the batch's, not a sum of one per
+    example; a mapped layer (batched weights) maps the product itself."""
+    del axis_size
+    if any(jax.tree.leaves(in_batched[:3])):
+        axes = [jax.tree.map(lambda b: 0 if b else None, a) for a in in_batched]
+        return jax.vmap(_fp8_linear, in_axes=axes)(meta, weight, bias, x), True
+    if not in_batched[3]:
+        return _fp8_linear(meta, weight, bias, x), False
+    return _fp8_linear(meta, weight, bias, x), True
+
+
+def _fp8_call(self: Any, x: Any, *, key: Any = None) -> jax.Array:
+    """``eqx.nn.Linear.__call__`` with the product in fp8, on a batch in leading
+    axes or on one example under ``jax.vmap`` (either way the amaxes are the
+    batch's). One example differentiated without ``vmap`` is refused by JAX (its
+    ``custom_vmap`` has no derivative outside ``vmap``)."""
+    del key
+    x = jnp.asarray(x)
+    if x.ndim > 1:
+        return _fp8_linear(self.fp8_meta, self.weight, self.bias, x)
+    return _fp8_linear_mapped(self.fp8_meta, self.weight, self.bias, x)
 
 
 @functools.cache

@@ -198,6 +198,26 @@ def test_fp8_products_in_equinox_linear_layers_train_their_scales():
     assert float(first.scale[0]) == pytest.approx(float(jnp.abs(x).max()) / 448.0, 1e-2)
 
 
+def test_fp8_linear_under_vmap_records_the_batch_amax_not_a_sum():
+    config = mpjax.Fp8Config(history_length=4)
+    model = mpjax.apply_policy(
+        eqx.nn.MLP(4, 2, 8, 1, key=jax.random.key(9)), "float32", fp8=config
+    )
+    x = jax.random.normal(jax.random.key(10), (16, 4))
+    np.testing.assert_allclose(jax.vmap(model)(x), model(x), rtol=1e-6)
+
+    def per_example(m):
+        return jnp.mean(jax.vmap(m)(x) ** 2)
+
+    def whole_batch(m):
+        return jnp.mean(m(x) ** 2)
+
+    mapped = eqx.filter_grad(per_example)(model).layers[0].fp8_meta.amax
+    direct = eqx.filter_grad(whole_batch)(model).layers[0].fp8_meta.amax
+    np.testing.assert_allclose(mapped, direct, rtol=1e-6)
+    np.testing.assert_allclose(mapped[0], jnp.abs(x).max(), rtol=1e-6)
+
+
 FLOAT32_LOOP = """
 model = eqx.nn.MLP(64, 10, 32, 2, key=jax.random.key(0))
 optimizer = optax.adam(3e-3)
