@@ -1,6 +1,9 @@
-"""The AMP pipeline's tasks: three network archetypes with data and tolerances.
+"""The AMP pipeline's tasks: four network archetypes with data and tolerances.
 
 * ``mlp`` - a feed-forward classifier on scikit-learn's 8x8 digits;
+* ``eqx_mlp`` - the same classifier written in Equinox (``eqx.nn.MLP``, one example
+  at a time, mapped over the batch): the Equinox route of :func:`mpjax.apply_policy`
+  and the train step, under the same checks;
 * ``unet`` - a U-Net denoising the same digits (seeded Gaussian noise);
 * ``bert`` - a BERT-style bidirectional encoder trained by masked language modelling
   on the source text of standard-library modules (15 % of the characters chosen,
@@ -69,7 +72,7 @@ class Metric:
     """
 
     name: str
-    fn: Callable[[nnx.Module, Any], jax.Array]
+    fn: Callable[[Any, Any], jax.Array]
     atol: float
 
 
@@ -78,8 +81,8 @@ class Task:
     """A network, its loss, training batches and held-out evaluation.
 
     Attributes:
-        name: short name (``mlp``, ``unet``, ``bert``).
-        model: the float32 Flax NNX model (never modified).
+        name: short name (``mlp``, ``eqx_mlp``, ``unet``, ``bert``).
+        model: the float32 Flax NNX or Equinox model (never modified).
         loss: ``loss(model, batch) -> float32 scalar``.
         batches: training batches stacked along a leading step axis.
         eval_batch: the held-out set as one batch.
@@ -90,8 +93,8 @@ class Task:
     """
 
     name: str
-    model: nnx.Module
-    loss: Callable[[nnx.Module, Any], jax.Array]
+    model: Any
+    loss: Callable[[Any, Any], jax.Array]
     batches: tuple[np.ndarray, ...]
     eval_batch: tuple[np.ndarray, ...]
     learning_rate: float
@@ -117,15 +120,25 @@ def _masked_windows(
     return _data.mask_tokens(windows, seed=seed)
 
 
+def _equinox_mlp(width: int, seed: int) -> Any:
+    """The Equinox archetype's float32 model: ``eqx.nn.MLP`` 64 -> 10 with two
+    hidden ReLU layers of ``width``, as :class:`experiments._models.MLP`."""
+    import equinox as eqx  # the dev extra installs it (pip install 'mpjax[equinox]')
+
+    return eqx.nn.MLP(
+        64, 10, width, 2, activation=jax.nn.relu, key=jax.random.key(seed)
+    )
+
+
 def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
-    """Builds the three tasks at a scale (``tiny``, ``quick`` or ``full``).
+    """Builds the four tasks at a scale (``tiny``, ``quick`` or ``full``).
 
     Args:
         scale: problem size; ``tiny`` is for tests, ``full`` for a GPU.
         seed: seed of the data splits, batch order, masks and initial parameters.
 
     Returns:
-        ``{"mlp": Task, "unet": Task, "bert": Task}``.
+        ``{"mlp": Task, "eqx_mlp": Task, "unet": Task, "bert": Task}``.
     """
     s = _framework.settings_for(SETTINGS, scale)
     digits = _data.digits(seed=seed)
@@ -153,6 +166,23 @@ def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
             rtol=0.10,
             atol=0.02,
             metric=Metric("accuracy", _models.classification_accuracy, atol=0.03),
+        ),
+        "eqx_mlp": Task(
+            "eqx_mlp",
+            _equinox_mlp(s.mlp_width, seed),
+            _models.per_example(_models.classification_loss),
+            _sample(
+                digits.x_train, digits.y_train, steps=s.steps, batch=s.batch, seed=seed
+            ),
+            (digits.x_test, digits.y_test),
+            learning_rate=3e-3,
+            rtol=0.10,
+            atol=0.02,
+            metric=Metric(
+                "accuracy",
+                _models.per_example(_models.classification_accuracy),
+                atol=0.03,
+            ),
         ),
         "unet": Task(
             "unet",

@@ -137,6 +137,23 @@ def _recipe(label: str) -> Recipe:
     return POLICIES[label]
 
 
+def _split(model: Any, fp8: mpjax.Fp8Config | None) -> tuple[Any, Callable]:
+    """``(params, merge)``: the trained part of a policy-applied model and the
+    function rebuilding the model from it (the rest rides in the closure).
+
+    A Flax NNX model splits into its parameters (and fp8 state) and the rest; an
+    Equinox model into its array leaves and the rest (its activation functions).
+    """
+    if isinstance(model, nnx.Module):
+        trained = nnx.Param if fp8 is None else (nnx.Param, mpjax.Fp8Meta)
+        graphdef, params, rest = nnx.split(model, trained, ...)
+        return params, lambda p: nnx.merge(graphdef, p, rest)
+    import equinox as eqx  # an Equinox archetype: Equinox is installed
+
+    params, static = eqx.partition(model, eqx.is_array)
+    return params, lambda p: eqx.combine(p, static)
+
+
 def _bind(
     task: Task,
     policy: mpjax.Policy,
@@ -145,18 +162,17 @@ def _bind(
     """``(loss_fn(params, batch), params, metric_fn(params, batch) or None)`` of
     the model under ``policy`` (with fp8, ``params`` hold the fp8 state too)."""
     model = mpjax.apply_policy(task.model, policy, fp8=fp8)
-    trained = nnx.Param if fp8 is None else (nnx.Param, mpjax.Fp8Meta)
-    graphdef, params, rest = nnx.split(model, trained, ...)
+    params, merge = _split(model, fp8)
 
     def loss_fn(p: Any, batch: Any) -> jax.Array:
-        return task.loss(nnx.merge(graphdef, p, rest), batch)
+        return task.loss(merge(p), batch)
 
     if task.metric is None:
         return loss_fn, params, None
     metric = task.metric.fn
 
     def metric_fn(p: Any, batch: Any) -> jax.Array:
-        return metric(nnx.merge(graphdef, p, rest), batch)
+        return metric(merge(p), batch)
 
     return loss_fn, params, metric_fn
 

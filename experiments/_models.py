@@ -1,4 +1,4 @@
-"""Flax NNX models for the AMP experiments: the three network archetypes.
+"""Flax NNX models for the AMP experiments: three of the network archetypes.
 
 * :class:`MLP` - a feed-forward classifier (digits).
 * :class:`UNet` - a small convolutional encoder/decoder with skip connections
@@ -10,10 +10,17 @@ The models are written dtype-agnostically: layers take their computation dtype f
 their ``dtype`` attributes (set by :func:`mpjax.apply_policy`), and every place that
 mixes a layer output with something else casts explicitly, so they also run under
 JAX's strict dtype promotion. Loss functions take ``(model, batch)`` and return a
-float32 scalar; the metric functions take the same arguments.
+float32 scalar; the metric functions take the same arguments. The fourth
+archetype, an Equinox MLP (``eqx.nn.MLP``), needs no class here: its model takes one
+example at a time, and :func:`per_example` maps these losses and metrics over the
+batch for it.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +36,7 @@ __all__ = [
     "denoising_loss",
     "masked_lm_loss",
     "masked_token_accuracy",
+    "per_example",
 ]
 
 
@@ -202,6 +210,22 @@ class BertMLM(nnx.Module):
             x = block(x)
         h = jax.nn.gelu(self.head_dense(self.norm(x)))
         return self.head_out(self.head_norm(h))
+
+
+def per_example(fn: Callable[[Any, tuple], jax.Array]) -> Callable:
+    """``fn(model, batch)`` for a model that takes one example at a time (an
+    Equinox model): ``fn`` sees the model mapped over the batch with ``jax.vmap``.
+
+    >>> loss = per_example(classification_loss)
+    >>> round(float(loss(lambda x: x, (jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32)))), 4)
+    1.0986
+    """
+
+    @functools.wraps(fn)
+    def batched(model: Any, batch: tuple) -> jax.Array:
+        return fn(jax.vmap(model), batch)
+
+    return batched
 
 
 def classification_loss(model: nnx.Module, batch: tuple) -> jax.Array:

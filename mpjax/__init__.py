@@ -10,13 +10,12 @@ from mpjax._fp8_optim import (
     fp8_delayed_scaling,
     update_fp8_meta,
 )
+from mpjax._loss_scale_readers import get_loss_scale, get_skipped_steps
 from mpjax._loss_scaling import (
     DynamicLossScaleState,
     NoLossScaleState,
     StaticLossScaleState,
     dynamic_loss_scaling,
-    get_loss_scale,
-    get_skipped_steps,
     no_loss_scaling,
     static_loss_scaling,
 )
@@ -26,7 +25,7 @@ from mpjax._profile import profile, profile_program
 from mpjax._profile_report import ProfileReport, RangeFractions, Record
 from mpjax._range import RangeProbe
 from mpjax._scaled_grad import nnx_value_and_grad, scaled_value_and_grad
-from mpjax._train import TrainState, make_train_step
+from mpjax._train import PrecisionWarning, TrainState, make_train_step
 
 __all__ = [
     "AutocastRules",
@@ -41,6 +40,7 @@ __all__ = [
     "DynamicLossScaleState",
     "NoLossScaleState",
     "Policy",
+    "PrecisionWarning",
     "ProfileReport",
     "RangeFractions",
     "RangeProbe",

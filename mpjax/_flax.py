@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mpjax._equinox import apply_policy_equinox, is_equinox_module
 from mpjax._fp8 import Fp8Config
 from mpjax._fp8_ops import attach_fp8
 from mpjax._policy import Policy, get_policy, parse_dtype
@@ -349,8 +350,15 @@ def apply_policy(
 ) -> _M:
     """Returns a copy of a Flax NNX module that computes under a precision policy.
 
+    An Equinox module (``eqx.Module``) takes the Equinox route: the same policy,
+    overrides (keyed by Equinox classes; ``eqx.nn.LayerNorm``, ``RMSNorm``,
+    ``GroupNorm`` and ``BatchNorm`` in float32 by default) and fp8 products in
+    every ``eqx.nn.Linear``, described in :mod:`mpjax._equinox`;
+    ``attention_softmax_dtype`` does not apply there.
+
     Args:
-        model: the :class:`flax.nnx.Module` to convert; it is not modified.
+        model: the :class:`flax.nnx.Module` (or ``eqx.Module``) to convert; it
+            is not modified.
         policy: an :class:`mpjax.Policy`, a policy string for
             :func:`mpjax.get_policy` (``"mixed_bfloat16"``, ``"p=f32,c=f16,o=f32"``)
             or a ``jmp.Policy``.
@@ -385,11 +393,16 @@ def apply_policy(
         >>> mixed(jnp.ones((1, 3))).dtype, mixed.kernel.dtype, mixed.dtype
         (dtype('float32'), dtype('float32'), dtype(bfloat16))
     """
+    if is_equinox_module(model):
+        return apply_policy_equinox(
+            model, policy, overrides=overrides, fp8=fp8, resolve=_resolve
+        )
     if not isinstance(model, nnx.Module):
         raise TypeError(
             "apply_policy expects a Flax NNX module (an instance of "
-            f"flax.nnx.Module), got {type(model).__name__}; for a linen-style "
-            "apply function use mpjax.policy_apply(apply_fn, policy)."
+            f"flax.nnx.Module) or an Equinox module (eqx.Module, with "
+            f"`pip install 'mpjax[equinox]'`), got {type(model).__name__}; for a "
+            "linen-style apply function use mpjax.policy_apply(apply_fn, policy)."
         )
     main = _resolve(policy, "policy")
     table = _check_overrides(overrides)

@@ -24,6 +24,7 @@ __all__ = [
     "Fp8DotGeneral",
     "Fp8Einsum",
     "attach_fp8",
+    "fp8_product",
 ]
 
 
@@ -130,6 +131,51 @@ def _fp8_dot_bwd(spec: _Spec, residuals, g):
 _fp8_dot.defvjp(_fp8_dot_fwd, _fp8_dot_bwd)
 
 
+def _config_of(meta: Fp8MetaValue) -> Fp8Config:
+    """The config ``meta`` carries, or the default one of its history length."""
+    if meta.config is not None:
+        return meta.config
+    return Fp8Config(history_length=meta.history_bits.shape[-1])
+
+
+def fp8_product(
+    meta: Fp8MetaValue,
+    lhs: Any,
+    rhs: Any,
+    *,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    out_sharding: Any = None,
+    conv: tuple[tuple[str, Any], ...] | None = None,
+) -> jax.Array:
+    """The fp8 product of ``lhs`` and ``rhs`` under the delayed-scaling state
+    ``meta``: the one product every fp8 layer (Flax or Equinox) runs.
+
+    A ``lax.dot_general`` with ``dimension_numbers``, or with ``conv`` (the static
+    arguments of ``lax.conv_general_dilated`` as sorted pairs) a convolution. The
+    operands are quantised with the stored scales; the gradient of
+    ``meta.amax`` returns the amaxes measured in this step (rows lhs, rhs,
+    incoming gradient).
+    """
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    config = _config_of(meta)
+    spec = _Spec(
+        dimension_numbers=dimension_numbers,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+        out_sharding=out_sharding,
+        forward_dtype=config.forward_dtype,
+        gradient_dtype=config.gradient_dtype,
+        lhs_dtype=lhs.dtype,
+        rhs_dtype=rhs.dtype,
+        amax_dtype=meta.amax.dtype,
+        conv=conv,
+    )
+    scale = lax.stop_gradient(meta.scale)
+    return _fp8_dot(spec, lhs, rhs, scale, meta.amax)
+
+
 class Fp8DotGeneral(nnx.Module):
     """A drop-in ``lax.dot_general`` computing in fp8 with delayed scaling.
 
@@ -151,10 +197,7 @@ class Fp8DotGeneral(nnx.Module):
     @property
     def config(self) -> Fp8Config:
         """The hyperparameters, read from the state (one copy, in the model)."""
-        meta = self.fp8_meta.get_value()
-        if meta.config is not None:
-            return meta.config
-        return Fp8Config(history_length=meta.history_bits.shape[-1])
+        return _config_of(self.fp8_meta.get_value())
 
     def __call__(
         self,
@@ -181,19 +224,7 @@ class Fp8DotGeneral(nnx.Module):
 
     def _product(self, lhs: Any, rhs: Any, **static: Any) -> jax.Array:
         """The fp8 product of ``lhs`` and ``rhs``; ``static`` fills the `_Spec`."""
-        meta = self.fp8_meta.get_value()
-        lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-        config = self.config
-        spec = _Spec(
-            forward_dtype=config.forward_dtype,
-            gradient_dtype=config.gradient_dtype,
-            lhs_dtype=lhs.dtype,
-            rhs_dtype=rhs.dtype,
-            amax_dtype=meta.amax.dtype,
-            **static,
-        )
-        scale = lax.stop_gradient(meta.scale)
-        return _fp8_dot(spec, lhs, rhs, scale, meta.amax)
+        return fp8_product(self.fp8_meta.get_value(), lhs, rhs, **static)
 
 
 def _static(value: Any) -> Any:

@@ -36,7 +36,7 @@ import optax
 from flax.linen import fp8_ops
 
 from mpjax._fp8 import Fp8Config, Fp8MetaValue, is_meta, meta_value, with_meta_value
-from mpjax._loss_scaling import loss_scale_or_one, skipped_steps_or_zero
+from mpjax._loss_scale_readers import loss_scale_or_one, skipped_steps_or_zero
 
 __all__ = ["Fp8DelayedScalingState", "fp8_delayed_scaling", "update_fp8_meta"]
 

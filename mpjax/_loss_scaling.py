@@ -3,9 +3,21 @@
 Each factory returns an :class:`optax.GradientTransformationExtraArgs` whose
 ``update`` receives the gradients of the *scaled* loss. It unscales them in float32
 (float64 for float64 leaves), checks them for Inf/NaN and runs the inner
-transformation only when every floating leaf is finite; otherwise the updates are
-zero and the inner state is returned untouched. The dynamic variant then adjusts
-the scale. Because the inner transformation only ever sees unscaled gradients,
+transformation only when every floating leaf is finite. When ``update`` is given the
+parameters, a step whose update would make any floating parameter non-finite is
+rejected too (an optimizer constant that underflows in a low-precision parameter
+dtype, such as Adam's ``eps=1e-8`` in float16, divides by zero). A rejected step
+returns zero updates and the inner state untouched, counts in ``skipped``, and the
+dynamic variant lowers the scale as for an overflow.
+
+A run whose steps are all rejected would otherwise stall without a word: the
+state counts the rejected steps in a row (``consecutive``), and after
+``max_consecutive_skips`` of them (100 by default) the update raises (``on_stuck=
+"raise"``: a checked error from compiled code, see :func:`_report_stuck`) or sets
+the state's ``stuck`` flag, which :func:`mpjax.make_train_step` reports in its
+metrics (``on_stuck="flag"``).
+
+Because the inner transformation only ever sees unscaled gradients,
 ``optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(...))`` inside a loss
 scaler clips the true gradients.
 
@@ -18,14 +30,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 from jax import lax
 
 __all__ = [
@@ -33,13 +44,15 @@ __all__ = [
     "NoLossScaleState",
     "StaticLossScaleState",
     "dynamic_loss_scaling",
-    "get_loss_scale",
-    "get_skipped_steps",
     "no_loss_scaling",
     "static_loss_scaling",
 ]
 
 _SKIP_STRATEGIES = ("cond", "select")
+_ON_STUCK = ("raise", "flag")
+#: Default of ``max_consecutive_skips``: dynamic scaling needs at most 24 halvings
+#: from 2**24 down to 1, so a hundred rejected steps in a row is a stuck run.
+DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -69,6 +82,22 @@ def _check_skip(skip: Any) -> str:
             "inner update with lax.cond, 'select' computes it and selects with where."
         )
     return skip
+
+
+def _check_limit(limit: Any, on_stuck: Any) -> tuple[int | None, str]:
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1
+    ):
+        raise ValueError(
+            f"max_consecutive_skips must be a positive int or None, got {limit!r}; "
+            f"pass e.g. {DEFAULT_MAX_CONSECUTIVE_SKIPS} (None never gives up)."
+        )
+    if on_stuck not in _ON_STUCK:
+        raise ValueError(
+            f"on_stuck must be one of {_ON_STUCK}, got {on_stuck!r}; 'raise' stops "
+            "the run with an error, 'flag' sets the state's stuck flag."
+        )
+    return (None if limit is None else int(limit)), on_stuck
 
 
 def _check_inner(inner: Any) -> optax.GradientTransformationExtraArgs:
@@ -136,6 +165,19 @@ def _cast_like(tree: Any, reference: Any) -> Any:
     return jax.tree.map(cast, tree, reference)
 
 
+def _stays_finite(params: Any, updates: Any) -> jax.Array:
+    """Whether ``params + updates`` keeps every floating parameter finite (in the
+    parameter's dtype, as ``optax.apply_updates`` adds them)."""
+    ok = jnp.array(True)
+    if params is None or jax.tree.structure(params) != jax.tree.structure(updates):
+        return ok
+    for p, u in zip(jax.tree.leaves(params), jax.tree.leaves(updates), strict=True):
+        if _is_inexact_array(p) and _is_inexact_array(u):
+            new = (jnp.asarray(p) + jnp.asarray(u).astype(p.dtype)).astype(p.dtype)
+            ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(new)))
+    return ok
+
+
 def _guarded_inner_update(
     inner: optax.GradientTransformationExtraArgs,
     skip: str,
@@ -144,34 +186,133 @@ def _guarded_inner_update(
     inner_state: Any,
     params: Any,
     extra_args: dict[str, Any],
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, jax.Array]:
     """Runs ``inner.update`` when ``finite``; else zero updates and the old state.
 
-    Updates are returned in the dtypes of ``params`` (of the gradients when no
-    params are given) and the new inner state keeps the dtypes of the old one, so
-    that both branches, and every step of a scan, have identical types.
+    A computed update that would make a parameter non-finite is rejected the same
+    way. Returns ``(updates, inner_state, accepted)``. Updates are returned in the
+    dtypes of ``params`` (of the gradients when no params are given) and the new
+    inner state keeps the dtypes of the old one, so that both branches, and every
+    step of a scan, have identical types.
     """
     reference = grads
     if params is not None and (jax.tree.structure(params) == jax.tree.structure(grads)):
         reference = params
 
-    def do_update() -> tuple[Any, Any]:
+    def compute() -> tuple[Any, Any]:
         updates, new_state = inner.update(grads, inner_state, params, **extra_args)
         return _cast_like(updates, reference), _cast_like(new_state, inner_state)
 
-    def reject_update() -> tuple[Any, Any]:
-        shapes = jax.eval_shape(do_update)[0]
+    def reject() -> tuple[Any, Any, jax.Array]:
+        shapes = jax.eval_shape(compute)[0]
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        return zeros, inner_state
+        return zeros, inner_state, jnp.array(False)
+
+    def choose(ok: jax.Array, accepted: tuple, rejected: tuple) -> tuple:
+        return jax.tree.map(lambda a, r: jnp.where(ok, a, r), accepted, rejected)
+
+    def do_update() -> tuple[Any, Any, jax.Array]:
+        updates, new_state = compute()
+        ok = _stays_finite(params, updates)
+        return choose(ok, (updates, new_state, ok), reject())
 
     if skip == "cond":
-        return lax.cond(finite, do_update, reject_update)
-    accepted, rejected = do_update(), reject_update()
-    return jax.tree.map(lambda a, r: jnp.where(finite, a, r), accepted, rejected)
+        return lax.cond(finite, do_update, reject)
+    return choose(finite, do_update(), reject())
 
 
-def _count_skip(skipped: jax.Array, finite: jax.Array) -> jax.Array:
-    return skipped + jnp.logical_not(finite).astype(jnp.int32)
+def _stuck_message(consecutive: Any) -> str:
+    return (
+        f"loss scaling: {int(np.max(consecutive))} steps in a row had non-finite "
+        "gradients or would have made a parameter non-finite, and were skipped; the "
+        "run is stuck. Look for a NaN/Inf in the data or the loss, lower the "
+        "learning rate, keep float32 master parameters (policy 'mixed_float16'), "
+        "or raise max_consecutive_skips (on_stuck='flag' reports instead of raising)."
+    )
+
+
+def _raise_stuck(stuck: Any, consecutive: Any) -> None:
+    if np.any(stuck):  # under vmap, one flag per member
+        raise FloatingPointError(_stuck_message(consecutive))
+
+
+def _report_stuck(stuck: jax.Array, consecutive: jax.Array) -> None:
+    """The checked error of a stuck run, usable under ``jit``, ``scan`` and ``vmap``.
+
+    A host callback (``jax.debug.callback``) raises :class:`FloatingPointError` in
+    the branch of a ``lax.cond`` that runs only when ``stuck``, so a healthy step
+    never leaves the device. Outside ``jit`` the error is raised as is; from a
+    compiled program it reaches the caller as :class:`jax.errors.JaxRuntimeError`
+    (a ``RuntimeError``) whose message holds this one.
+    """
+    lax.cond(
+        stuck,
+        lambda: jax.debug.callback(_raise_stuck, stuck, consecutive),
+        lambda: None,
+    )
+
+
+class _Counts(NamedTuple):
+    """The rejected-step counters every loss-scaling state carries."""
+
+    skipped: jax.Array
+    consecutive: jax.Array
+    stuck: jax.Array
+
+
+def _zero_counts() -> _Counts:
+    zero = jnp.zeros((), jnp.int32)
+    return _Counts(zero, zero, jnp.array(False))
+
+
+def _make_transform(
+    inner: Any,
+    *,
+    skip: str,
+    max_consecutive_skips: int | None,
+    on_stuck: str,
+    state_type: type,
+    scale_fields: Callable[[], dict[str, jax.Array]],
+    next_scale_fields: Callable[[Any, jax.Array], dict[str, jax.Array]],
+) -> optax.GradientTransformationExtraArgs:
+    """The one ``init``/``update`` pair of the three loss scalers.
+
+    ``scale_fields()`` gives the initial scale fields of ``state_type`` (none for
+    :func:`no_loss_scaling`); ``next_scale_fields(state, accepted)`` the fields
+    after a step. The state's ``scale`` (if any) unscales the gradients.
+    """
+    inner = _check_inner(inner)
+    skip = _check_skip(skip)
+    limit, on_stuck = _check_limit(max_consecutive_skips, on_stuck)
+
+    def init_fn(params: optax.Params) -> Any:
+        return state_type(
+            **scale_fields(), **_zero_counts()._asdict(), inner_state=inner.init(params)
+        )
+
+    def update_fn(
+        updates: optax.Updates,
+        state: Any,
+        params: optax.Params | None = None,
+        **extra_args: Any,
+    ) -> tuple[optax.Updates, Any]:
+        grads, finite = _unscale(updates, getattr(state, "scale", None))
+        new_updates, inner_state, accepted = _guarded_inner_update(
+            inner, skip, finite, grads, state.inner_state, params, extra_args
+        )
+        rejected = jnp.logical_not(accepted).astype(jnp.int32)
+        consecutive = jnp.where(accepted, 0, state.consecutive + 1)
+        stuck = jnp.array(False) if limit is None else consecutive >= limit
+        if limit is not None and on_stuck == "raise":
+            _report_stuck(stuck, consecutive)
+        counts = _Counts(state.skipped + rejected, consecutive, stuck)
+        return new_updates, state_type(
+            **next_scale_fields(state, accepted),
+            **counts._asdict(),
+            inner_state=inner_state,
+        )
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 # --------------------------------------------------------------------------------
@@ -182,16 +323,25 @@ class NoLossScaleState(NamedTuple):
     """State of :func:`no_loss_scaling`.
 
     Attributes:
-      skipped: int32 count of steps skipped because of Inf/NaN gradients.
+      skipped: int32 count of steps skipped because of Inf/NaN gradients or
+        an update that would make a parameter non-finite.
+      consecutive: int32 count of such steps in a row (0 after an accepted step).
+      stuck: bool, whether ``consecutive`` reached ``max_consecutive_skips``.
       inner_state: state of the inner transformation.
     """
 
     skipped: jax.Array
+    consecutive: jax.Array
+    stuck: jax.Array
     inner_state: optax.OptState
 
 
 def no_loss_scaling(
-    inner: optax.GradientTransformation, *, skip: str = "cond"
+    inner: optax.GradientTransformation,
+    *,
+    skip: str = "cond",
+    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    on_stuck: str = "raise",
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` without scaling, but still skipping non-finite steps.
 
@@ -201,6 +351,11 @@ def no_loss_scaling(
     Args:
       inner: the inner optimizer.
       skip: ``"cond"`` (skip with ``lax.cond``) or ``"select"``.
+      max_consecutive_skips: rejected steps in a row after which the run
+        counts as stuck (default 100), or ``None`` to never give up.
+      on_stuck: ``"raise"`` (a checked error from the compiled step, reaching
+        the caller as ``jax.errors.JaxRuntimeError``) or ``"flag"`` (the state's
+        ``stuck`` flag, the ``"stuck"`` metric of :func:`mpjax.make_train_step`).
 
     Returns:
       The wrapped transformation.
@@ -210,29 +365,15 @@ def no_loss_scaling(
     >>> int(state.skipped)
     0
     """
-    inner = _check_inner(inner)
-    skip = _check_skip(skip)
-
-    def init_fn(params: optax.Params) -> NoLossScaleState:
-        return NoLossScaleState(
-            skipped=jnp.zeros((), jnp.int32), inner_state=inner.init(params)
-        )
-
-    def update_fn(
-        updates: optax.Updates,
-        state: NoLossScaleState,
-        params: optax.Params | None = None,
-        **extra_args: Any,
-    ) -> tuple[optax.Updates, NoLossScaleState]:
-        grads, finite = _unscale(updates, None)
-        new_updates, inner_state = _guarded_inner_update(
-            inner, skip, finite, grads, state.inner_state, params, extra_args
-        )
-        return new_updates, NoLossScaleState(
-            skipped=_count_skip(state.skipped, finite), inner_state=inner_state
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _make_transform(
+        inner,
+        skip=skip,
+        max_consecutive_skips=max_consecutive_skips,
+        on_stuck=on_stuck,
+        state_type=NoLossScaleState,
+        scale_fields=dict,
+        next_scale_fields=lambda state, accepted: {},
+    )
 
 
 class StaticLossScaleState(NamedTuple):
@@ -241,17 +382,27 @@ class StaticLossScaleState(NamedTuple):
     Attributes:
       scale: float32 loss scale (constant; an array, so changing it never
         retraces).
-      skipped: int32 count of steps skipped because of Inf/NaN gradients.
+      skipped: int32 count of steps skipped because of Inf/NaN gradients or
+        an update that would make a parameter non-finite.
+      consecutive: int32 count of such steps in a row (0 after an accepted step).
+      stuck: bool, whether ``consecutive`` reached ``max_consecutive_skips``.
       inner_state: state of the inner transformation.
     """
 
     scale: jax.Array
     skipped: jax.Array
+    consecutive: jax.Array
+    stuck: jax.Array
     inner_state: optax.OptState
 
 
 def static_loss_scaling(
-    inner: optax.GradientTransformation, scale: float, *, skip: str = "cond"
+    inner: optax.GradientTransformation,
+    scale: float,
+    *,
+    skip: str = "cond",
+    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    on_stuck: str = "raise",
 ) -> optax.GradientTransformationExtraArgs:
     """Wraps ``inner`` with a constant loss scale.
 
@@ -259,12 +410,18 @@ def static_loss_scaling(
       inner: the inner optimizer; it receives unscaled gradients.
       scale: the loss scale, a positive finite number.
       skip: ``"cond"`` (skip with ``lax.cond``) or ``"select"``.
+      max_consecutive_skips: rejected steps in a row after which the run
+        counts as stuck (default 100), or ``None`` to never give up.
+      on_stuck: ``"raise"`` (a checked error from the compiled step, reaching
+        the caller as ``jax.errors.JaxRuntimeError``) or ``"flag"`` (the state's
+        ``stuck`` flag, the ``"stuck"`` metric of :func:`mpjax.make_train_step`).
 
     Returns:
       The wrapped transformation.
 
     Raises:
-      ValueError: if ``scale`` is not positive and finite, or ``skip`` is unknown.
+      ValueError: if ``scale`` is not positive and finite, or ``skip``,
+        ``max_consecutive_skips`` or ``on_stuck`` is invalid.
 
     >>> opt = static_loss_scaling(optax.sgd(1.0), 128.0)
     >>> state = opt.init({"w": jnp.zeros(2)})
@@ -272,34 +429,16 @@ def static_loss_scaling(
     >>> updates["w"].tolist()
     [-1.0, -1.0]
     """
-    inner = _check_inner(inner)
     scale = _check_scale("scale", scale)
-    skip = _check_skip(skip)
-
-    def init_fn(params: optax.Params) -> StaticLossScaleState:
-        return StaticLossScaleState(
-            scale=jnp.asarray(scale, jnp.float32),
-            skipped=jnp.zeros((), jnp.int32),
-            inner_state=inner.init(params),
-        )
-
-    def update_fn(
-        updates: optax.Updates,
-        state: StaticLossScaleState,
-        params: optax.Params | None = None,
-        **extra_args: Any,
-    ) -> tuple[optax.Updates, StaticLossScaleState]:
-        grads, finite = _unscale(updates, state.scale)
-        new_updates, inner_state = _guarded_inner_update(
-            inner, skip, finite, grads, state.inner_state, params, extra_args
-        )
-        return new_updates, StaticLossScaleState(
-            scale=state.scale,
-            skipped=_count_skip(state.skipped, finite),
-            inner_state=inner_state,
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _make_transform(
+        inner,
+        skip=skip,
+        max_consecutive_skips=max_consecutive_skips,
+        on_stuck=on_stuck,
+        state_type=StaticLossScaleState,
+        scale_fields=lambda: {"scale": jnp.asarray(scale, jnp.float32)},
+        next_scale_fields=lambda state, accepted: {"scale": state.scale},
+    )
 
 
 class DynamicLossScaleState(NamedTuple):
@@ -309,65 +448,29 @@ class DynamicLossScaleState(NamedTuple):
       scale: float32 current loss scale.
       counter: int32 number of consecutive finite steps since the scale last
         changed.
-      skipped: int32 count of steps skipped because of Inf/NaN gradients.
+      skipped: int32 count of steps skipped because of Inf/NaN gradients or
+        an update that would make a parameter non-finite.
+      consecutive: int32 count of such steps in a row (0 after an accepted step).
+      stuck: bool, whether ``consecutive`` reached ``max_consecutive_skips``.
       inner_state: state of the inner transformation.
     """
 
     scale: jax.Array
     counter: jax.Array
     skipped: jax.Array
+    consecutive: jax.Array
+    stuck: jax.Array
     inner_state: optax.OptState
 
 
-def dynamic_loss_scaling(
-    inner: optax.GradientTransformation,
-    *,
-    init_scale: float = 2.0**15,
-    period: int = 2000,
-    factor: float = 2.0,
-    min_scale: float = 1.0,
-    max_scale: float = 2.0**24,
-    skip: str = "cond",
-) -> optax.GradientTransformationExtraArgs:
-    """Wraps ``inner`` with a dynamic loss scale.
-
-    After ``period`` consecutive finite steps the scale is multiplied by
-    ``factor``; on a step with Inf/NaN gradients it is divided by ``factor`` (and
-    the step is skipped). The scale is always clamped to ``[min_scale,
-    max_scale]``. Defaults follow jmp/Keras (initial scale 2**15, growth every
-    2000 steps, factor 2); PyTorch's GradScaler starts at 2**16.
-
-    Args:
-      inner: the inner optimizer; it receives unscaled gradients.
-      init_scale: initial scale, within ``[min_scale, max_scale]``.
-      period: number of consecutive finite steps before the scale grows (>= 1).
-      factor: growth and back-off factor (> 1).
-      min_scale: lower bound of the scale (> 0).
-      max_scale: upper bound of the scale (>= ``min_scale``).
-      skip: ``"cond"`` (skip with ``lax.cond``) or ``"select"``.
-
-    Returns:
-      The wrapped transformation.
-
-    Raises:
-      ValueError: on non-positive scales, ``period < 1``, ``factor <= 1``,
-        ``min_scale > max_scale``, an initial scale outside the bounds, or an
-        unknown ``skip``.
-      TypeError: if a hyperparameter is not a Python number (``period`` must be
-        an int).
-
-    >>> opt = dynamic_loss_scaling(optax.sgd(0.1), init_scale=8.0, period=1)
-    >>> state = opt.init({"w": jnp.zeros(2)})
-    >>> _, state = opt.update({"w": jnp.ones(2)}, state)
-    >>> float(state.scale)
-    16.0
-    """
-    inner = _check_inner(inner)
+def _check_dynamic(
+    init_scale: Any, period: Any, factor: Any, min_scale: Any, max_scale: Any
+) -> tuple[float, int, float, float, float]:
+    """Validated hyperparameters of :func:`dynamic_loss_scaling`."""
     init_scale = _check_scale("init_scale", init_scale)
     min_scale = _check_scale("min_scale", min_scale)
     max_scale = _check_scale("max_scale", max_scale)
     factor = _check_scale("factor", factor)
-    skip = _check_skip(skip)
     if isinstance(period, bool) or not isinstance(period, numbers.Integral):
         raise TypeError(
             f"period must be an int, got {type(period).__name__} {period!r}; pass "
@@ -394,183 +497,94 @@ def dynamic_loss_scaling(
             f"init_scale ({init_scale}) must lie within [min_scale, max_scale] = "
             f"[{min_scale}, {max_scale}]; change init_scale or the bounds."
         )
+    return init_scale, period, factor, min_scale, max_scale
 
-    def init_fn(params: optax.Params) -> DynamicLossScaleState:
-        return DynamicLossScaleState(
-            scale=jnp.asarray(init_scale, jnp.float32),
-            counter=jnp.zeros((), jnp.int32),
-            skipped=jnp.zeros((), jnp.int32),
-            inner_state=inner.init(params),
-        )
 
-    def update_fn(
-        updates: optax.Updates,
-        state: DynamicLossScaleState,
-        params: optax.Params | None = None,
-        **extra_args: Any,
-    ) -> tuple[optax.Updates, DynamicLossScaleState]:
-        grads, finite = _unscale(updates, state.scale)
-        new_updates, inner_state = _guarded_inner_update(
-            inner, skip, finite, grads, state.inner_state, params, extra_args
-        )
+def dynamic_loss_scaling(
+    inner: optax.GradientTransformation,
+    *,
+    init_scale: float = 2.0**15,
+    period: int = 2000,
+    factor: float = 2.0,
+    min_scale: float = 1.0,
+    max_scale: float = 2.0**24,
+    skip: str = "cond",
+    max_consecutive_skips: int | None = DEFAULT_MAX_CONSECUTIVE_SKIPS,
+    on_stuck: str = "raise",
+) -> optax.GradientTransformationExtraArgs:
+    """Wraps ``inner`` with a dynamic loss scale.
+
+    After ``period`` consecutive accepted steps the scale is multiplied by
+    ``factor``; on a rejected step (Inf/NaN gradients, or an update that would
+    make a parameter non-finite) it is divided by ``factor`` and the step is
+    skipped. The scale is always clamped to ``[min_scale, max_scale]``. Defaults
+    follow jmp/Keras (initial scale 2**15, growth every 2000 steps, factor 2);
+    PyTorch's GradScaler starts at 2**16.
+
+    Args:
+      inner: the inner optimizer; it receives unscaled gradients.
+      init_scale: initial scale, within ``[min_scale, max_scale]``.
+      period: number of consecutive finite steps before the scale grows (>= 1).
+      factor: growth and back-off factor (> 1).
+      min_scale: lower bound of the scale (> 0).
+      max_scale: upper bound of the scale (>= ``min_scale``).
+      skip: ``"cond"`` (skip with ``lax.cond``) or ``"select"``.
+      max_consecutive_skips: rejected steps in a row after which the run counts
+        as stuck (default 100), or ``None`` to never give up.
+      on_stuck: ``"raise"`` (a checked error from the compiled step, reaching
+        the caller as ``jax.errors.JaxRuntimeError``) or ``"flag"`` (the state's
+        ``stuck`` flag, the ``"stuck"`` metric of :func:`mpjax.make_train_step`).
+
+    Returns:
+      The wrapped transformation.
+
+    Raises:
+      ValueError: on non-positive scales, ``period < 1``, ``factor <= 1``,
+        ``min_scale > max_scale``, an initial scale outside the bounds, an
+        unknown ``skip`` or ``on_stuck``, or ``max_consecutive_skips < 1``.
+      TypeError: if a hyperparameter is not a Python number (``period`` must be
+        an int).
+
+    >>> opt = dynamic_loss_scaling(optax.sgd(0.1), init_scale=8.0, period=1)
+    >>> state = opt.init({"w": jnp.zeros(2)})
+    >>> _, state = opt.update({"w": jnp.ones(2)}, state)
+    >>> float(state.scale)
+    16.0
+    """
+    init_scale, period, factor, min_scale, max_scale = _check_dynamic(
+        init_scale, period, factor, min_scale, max_scale
+    )
+
+    def initial() -> dict[str, jax.Array]:
+        return {
+            "scale": jnp.asarray(init_scale, jnp.float32),
+            "counter": jnp.zeros((), jnp.int32),
+        }
+
+    def adjust(state: DynamicLossScaleState, accepted: jax.Array) -> dict:
         f = jnp.float32(factor)
         counter = state.counter + 1
-        grow = jnp.logical_and(finite, counter >= period)
+        grow = jnp.logical_and(accepted, counter >= period)
         scale = jnp.where(
-            finite, jnp.where(grow, state.scale * f, state.scale), state.scale / f
+            accepted, jnp.where(grow, state.scale * f, state.scale), state.scale / f
         )
         scale = jnp.clip(scale, jnp.float32(min_scale), jnp.float32(max_scale))
-        counter = jnp.where(jnp.logical_and(finite, ~grow), counter, 0)
-        return new_updates, DynamicLossScaleState(
-            scale=scale.astype(jnp.float32),
-            counter=counter.astype(jnp.int32),
-            skipped=_count_skip(state.skipped, finite),
-            inner_state=inner_state,
-        )
+        counter = jnp.where(jnp.logical_and(accepted, ~grow), counter, 0)
+        return {
+            "scale": scale.astype(jnp.float32),
+            "counter": counter.astype(jnp.int32),
+        }
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-# --------------------------------------------------------------------------------
-# Helpers.
-
-_STATE_TYPES = (DynamicLossScaleState, StaticLossScaleState, NoLossScaleState)
-
-
-def _from_nnx_mapping(tree: Any) -> Any:
-    """Rebuilds loss-scaling states that ``nnx.state`` turned into mappings.
-
-    ``nnx.state(optimizer)`` stores a NamedTuple as a :class:`flax.nnx.State` keyed
-    by its field names; a mapping whose keys are exactly the fields of one of the
-    loss-scaling states is turned back into that state.
-    """
-    if not isinstance(tree, Mapping):
-        return tree
-    keys = set(tree.keys())
-    for state_type in _STATE_TYPES:
-        if keys == set(state_type._fields):
-            return state_type(**{k: tree[k] for k in state_type._fields})
-    return {k: _from_nnx_mapping(v) for k, v in tree.items()}
+    return _make_transform(
+        inner,
+        skip=skip,
+        max_consecutive_skips=max_consecutive_skips,
+        on_stuck=on_stuck,
+        state_type=DynamicLossScaleState,
+        scale_fields=initial,
+        next_scale_fields=adjust,
+    )
 
 
-def _as_optax_state(opt_state: Any) -> Any:
-    """Unwraps what Flax NNX users hold into a plain optax state; rejects the rest.
-
-    Accepts an optax state, an :class:`flax.nnx.Optimizer`, its ``opt_state``
-    (leaves wrapped in :class:`flax.nnx.Variable`) and :class:`flax.nnx.State`
-    trees of either.
-    """
-    if isinstance(opt_state, nnx.Optimizer):
-        opt_state = opt_state.opt_state
-    elif isinstance(opt_state, nnx.Module):
-        raise TypeError(
-            f"Expected an optimizer state, got the Flax module "
-            f"{type(opt_state).__name__}; pass the nnx.Optimizer (or its "
-            "opt_state) that trains it, not the model."
-        )
-    is_nnx_state = isinstance(opt_state, nnx.State)
-    opt_state = nnx.as_pure(opt_state)
-    if is_nnx_state:
-        opt_state = _from_nnx_mapping(opt_state)
-    treedef = jax.tree.structure(opt_state)
-    if opt_state is None or (treedef.num_nodes == 1 and treedef.num_leaves == 1):
-        raise TypeError(
-            f"Expected an optimizer state, got {type(opt_state).__name__} "
-            f"{opt_state!r}; pass the state returned by the optimizer's init or "
-            "update (e.g. opt.init(params)), a TrainState's opt_state, or a Flax "
-            "nnx.Optimizer."
-        )
-    return opt_state
-
-
-def _find_states(opt_state: Any) -> list[Any]:
-    leaves = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATE_TYPES))
-    return [x for x in leaves if isinstance(x, _STATE_TYPES)]
-
-
-def _single_state(opt_state: Any, what: str) -> Any | None:
-    states = _find_states(_as_optax_state(opt_state))
-    if len(states) > 1:
-        raise ValueError(
-            f"Cannot read the {what}: the optimizer state holds {len(states)} "
-            "loss-scaling states, but the loss is scaled only once; wrap the whole "
-            "optimizer (e.g. the optax.multi_transform) in a single loss scaler."
-        )
-    return states[0] if states else None
-
-
-def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
-    """Returns the current loss scale found anywhere in an optimizer state.
-
-    Works through any nesting (``optax.chain``, ``optax.MultiSteps``,
-    ``optax.inject_hyperparams``, ``optax.multi_transform``). Flax NNX training
-    state is read as well: an :class:`flax.nnx.Optimizer`, its ``opt_state``
-    (whose leaves are :class:`flax.nnx.Variable` objects) or an
-    :class:`flax.nnx.State` of either (``nnx.state(optimizer)``).
-
-    Args:
-      opt_state: an optimizer state, or a Flax NNX optimizer or its state.
-
-    Returns:
-      A float32 scalar array: the scale of the (single) loss-scaling state, 1.0
-      for a :func:`no_loss_scaling` state.
-
-    Raises:
-      ValueError: if the state holds no loss-scaling state (wrap the optimizer in
-        :func:`dynamic_loss_scaling`, :func:`static_loss_scaling` or
-        :func:`no_loss_scaling`), or more than one.
-      TypeError: if ``opt_state`` is not an optimizer state (``None``, a number,
-        a string, an array, a Flax model).
-
-    >>> opt = optax.chain(dynamic_loss_scaling(optax.sgd(0.1), init_scale=4.0))
-    >>> float(get_loss_scale(opt.init({"w": jnp.zeros(2)})))
-    4.0
-    """
-    _required(opt_state, "loss scale")
-    return loss_scale_or_one(opt_state)
-
-
-def loss_scale_or_one(opt_state: optax.OptState) -> jax.Array:
-    """:func:`get_loss_scale`, but 1.0 for a state without loss scaling.
-
-    For the training steps, which work with or without loss scaling.
-    """
-    state = _single_state(opt_state, "loss scale")
-    if state is None or isinstance(state, NoLossScaleState):
-        return jnp.ones((), jnp.float32)
-    return state.scale
-
-
-def _required(opt_state: Any, what: str) -> None:
-    """Raise ``ValueError`` if ``opt_state`` holds no loss-scaling state."""
-    if _single_state(opt_state, what) is None:
-        raise ValueError(
-            f"Cannot read the {what}: the optimizer state holds no loss-scaling "
-            "state. Wrap the optimizer in mpjax.dynamic_loss_scaling, "
-            "static_loss_scaling or no_loss_scaling to have one."
-        )
-
-
-def get_skipped_steps(opt_state: optax.OptState) -> jax.Array:
-    """Returns the int32 number of skipped (non-finite) steps in an optimizer state.
-
-    Args:
-      opt_state: an optimizer state, searched like in :func:`get_loss_scale`.
-
-    Returns:
-      The skip count of the (single) loss-scaling state.
-
-    Raises:
-      ValueError: if the state holds no loss-scaling state, or more than one.
-      TypeError: if ``opt_state`` is not an optimizer state.
-    """
-    _required(opt_state, "skipped-step count")
-    return skipped_steps_or_zero(opt_state)
-
-
-def skipped_steps_or_zero(opt_state: optax.OptState) -> jax.Array:
-    """:func:`get_skipped_steps`, but 0 for a state without loss scaling."""
-    state = _single_state(opt_state, "skipped-step count")
-    if state is None:
-        return jnp.zeros((), jnp.int32)
-    return state.skipped
+#: The three loss-scaling state types (readers search optimizer states for them).
+STATE_TYPES = (DynamicLossScaleState, StaticLossScaleState, NoLossScaleState)

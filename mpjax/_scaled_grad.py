@@ -12,25 +12,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
-from mpjax._loss_scaling import is_float_array, loss_scale_or_one, wide_dtype
+from mpjax._loss_scale_readers import loss_scale_or_one
+from mpjax._loss_scaling import is_float_array, wide_dtype
+from mpjax._trees import gradient_placeholder, is_inexact_array
 
 __all__ = ["nnx_value_and_grad", "scaled_value_and_grad"]
-
-
-def _is_differentiable(x: Any) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
-
-
-def _zero_grad(x: Any) -> Any:
-    """Gradient placeholder of a non-floating parameter leaf: zeros of its dtype
-    (integers, booleans), or float0 zeros for anything else (e.g. PRNG keys)."""
-    dtype = jnp.result_type(x)
-    if jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
-        return jnp.zeros_like(x)
-    return np.zeros(jnp.shape(x), dtype=jax.dtypes.float0)
 
 
 def _scale(out: Any, loss_scale: Any, has_aux: bool) -> tuple[Any, Any]:
@@ -58,10 +46,13 @@ def scaled_value_and_grad(
     ``loss_scale`` in float32 before differentiating and returns ``(loss,
     scaled_grads)`` (``((loss, aux), scaled_grads)`` with ``has_aux``), where
     ``loss`` is the unscaled loss in its own dtype. Feed the gradients to a loss
-    scaler's ``update``, which unscales them. Only floating-point leaves of
-    ``params`` are differentiated; integer and boolean leaves (counters, masks)
-    get zero gradients of their own dtype, to be left alone by the optimizer (e.g.
-    ``optax.multi_transform`` with ``optax.set_to_zero()`` for them).
+    scaler's ``update``, which unscales them. ``params`` may be any pytree, an
+    Equinox module included, with the filter semantics of
+    ``eqx.filter_value_and_grad``: only floating-point array leaves are
+    differentiated; integer and boolean arrays (counters, masks) get zero
+    gradients of their own dtype, to be left alone by the optimizer (e.g.
+    ``optax.multi_transform`` with ``optax.set_to_zero()`` for them), and leaves
+    that are not arrays (functions, flags, Python numbers) get ``None``.
 
     Args:
       loss_fn: a function of ``(params, *args)`` returning a floating scalar (or
@@ -90,7 +81,7 @@ def scaled_value_and_grad(
         *args: Any,
     ) -> tuple[Any, Any]:
         it = iter(float_leaves)
-        merged = [next(it) if _is_differentiable(x) else x for x in leaves]
+        merged = [next(it) if is_inexact_array(x) else x for x in leaves]
         out = loss_fn(jax.tree.unflatten(treedef, merged), *args)
         return _scale(out, loss_scale, has_aux)
 
@@ -100,12 +91,14 @@ def scaled_value_and_grad(
         params: Any, loss_scale: Any, *args: Any
     ) -> tuple[Any, Any]:
         leaves, treedef = jax.tree.flatten(params)
-        float_leaves = [x for x in leaves if _is_differentiable(x)]
+        float_leaves = [x for x in leaves if is_inexact_array(x)]
         float_grads, (loss, aux) = grad_fn(
             float_leaves, leaves, treedef, loss_scale, *args
         )
         it = iter(float_grads)
-        grads = [next(it) if _is_differentiable(x) else _zero_grad(x) for x in leaves]
+        grads = [
+            next(it) if is_inexact_array(x) else gradient_placeholder(x) for x in leaves
+        ]
         return ((loss, aux) if has_aux else loss), jax.tree.unflatten(treedef, grads)
 
     return value_and_scaled_grad

@@ -13,6 +13,7 @@ place: ``step = jax.jit(make_train_step(...), donate_argnums=0)``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,11 +21,31 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mpjax._loss_scaling import loss_scale_or_one, skipped_steps_or_zero
+from mpjax._loss_scale_readers import (
+    loss_scale_or_one,
+    skipped_steps_or_zero,
+    stuck_or_false,
+)
 from mpjax._policy import Policy, get_policy
 from mpjax._scaled_grad import scaled_value_and_grad
+from mpjax._trees import (
+    apply_updates,
+    arrays_only,
+    gradient_placeholder,
+    is_inexact_array,
+)
 
-__all__ = ["TrainState", "make_train_step"]
+__all__ = ["PrecisionWarning", "TrainState", "make_train_step"]
+
+#: Gradient size of the probe step of :func:`check_master_precision`, before
+#: loss scaling: an ordinary gradient whose square (Adam's second moment)
+#: underflows in float16.
+PROBE_GRADIENT = 2.0**-10
+
+
+class PrecisionWarning(UserWarning):
+    """A precision choice that will corrupt or stall training (for example
+    float16 master parameters under Adam)."""
 
 
 class TrainState(NamedTuple):
@@ -33,8 +54,11 @@ class TrainState(NamedTuple):
 
     Attributes:
       step: int32 number of train steps taken (skipped ones included).
-      params: parameter pytree (master weights, normally float32).
-      opt_state: optimizer state.
+      params: parameter pytree (master weights, normally float32); any pytree,
+        an Equinox module included: leaves that are not arrays ride along
+        untouched.
+      opt_state: optimizer state, initialised on the array leaves of
+        ``params`` (``None`` in place of the others).
     """
 
     step: jax.Array
@@ -50,6 +74,11 @@ class TrainState(NamedTuple):
         policy: Policy | str | None = None,
     ) -> TrainState:
         """Creates the initial state.
+
+        With master parameters narrower than float32 (float16, bfloat16), one
+        probe step of ``optimizer`` checks that an ordinary gradient keeps them
+        finite (see :func:`check_master_precision`); if not, a
+        :class:`PrecisionWarning` says how to keep float32 masters.
 
         Args:
           params: initial parameters.
@@ -68,10 +97,66 @@ class TrainState(NamedTuple):
         _check_optimizer(optimizer)
         if policy is not None:
             params = get_policy(policy).cast_to_param(params)
-        return cls(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=optimizer.init(params),
+        opt_state = optimizer.init(arrays_only(params))
+        check_master_precision(params, optimizer, opt_state)
+        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+
+def _probe_rejects(params: Any, optimizer: Any, opt_state: Any) -> bool:
+    """Whether one step with gradients of :data:`PROBE_GRADIENT` (times the loss
+    scale) is rejected by a loss scaler or makes a parameter non-finite."""
+    scale = float(loss_scale_or_one(opt_state))
+    trainable = arrays_only(params)
+    grads = jax.tree.map(
+        lambda p: (
+            jnp.full_like(p, PROBE_GRADIENT * scale)
+            if is_inexact_array(p)
+            else gradient_placeholder(p)
+        ),
+        trainable,
+    )
+    # optax's own transformations promote Python constants against the params
+    with jax.numpy_dtype_promotion("standard"):
+        updates, new_state = optimizer.update(grads, opt_state, trainable)
+        new = apply_updates(trainable, updates)
+    finite = all(
+        bool(jnp.all(jnp.isfinite(x)))
+        for x in jax.tree.leaves(new)
+        if is_inexact_array(x)
+    )
+    return not finite or bool(
+        skipped_steps_or_zero(new_state) > skipped_steps_or_zero(opt_state)
+    )
+
+
+def check_master_precision(params: Any, optimizer: Any, opt_state: Any) -> None:
+    """Warns when master parameters narrower than float32 cannot take a step.
+
+    Adam's ``eps=1e-8`` is 0 in float16, and the second moment of an ordinary
+    gradient (``(1 - b2) * g**2``) underflows too, so the first update divides
+    by zero. The check runs one probe step eagerly; it is skipped for float32 (or
+    wider) masters and while tracing (``jax.eval_shape`` of a state).
+
+    Warns:
+      PrecisionWarning: when the probe step is rejected or makes a parameter
+        non-finite.
+    """
+    leaves = [x for x in jax.tree.leaves(params) if is_inexact_array(x)]
+    narrow = sorted({x.dtype.name for x in leaves if x.dtype.itemsize < 4})
+    if not narrow or any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return
+    if _probe_rejects(params, optimizer, opt_state):
+        warnings.warn(
+            f"TrainState.create: the master parameters are {', '.join(narrow)}, "
+            f"and one step of this optimizer with gradients of {PROBE_GRADIENT:g} "
+            "makes a parameter non-finite: a constant of the optimizer underflows "
+            "in that dtype (Adam's eps=1e-8 is 0 in float16). Every such step "
+            "will be skipped. Keep float32 master parameters: a policy with "
+            "float32 params such as 'mixed_float16' (p=float32,c=float16,"
+            "o=float32) instead of 'half' or 'float16', or create the state from "
+            "float32 parameters.",
+            PrecisionWarning,
+            stacklevel=3,
         )
 
 
@@ -132,7 +217,12 @@ def make_train_step(
       holds float32 scalars ``"loss"`` (the unscaled loss, computed in the
       output dtype), ``"loss_scale"`` (the scale used for this step),
       ``"grad_norm"`` (global norm of the unscaled gradients; Inf/NaN on a
-      skipped step), a bool ``"skipped"``, and ``"aux"`` with ``has_aux``.
+      skipped step), a bool ``"skipped"``, a bool ``"stuck"`` (the loss scaler
+      has rejected ``max_consecutive_skips`` steps in a row; see
+      :func:`mpjax.dynamic_loss_scaling`), and ``"aux"`` with ``has_aux``.
+      ``params`` may be any pytree, an Equinox module included: only its
+      floating array leaves are differentiated and trained (the filter
+      semantics of ``eqx.filter_value_and_grad``).
       ``state.step`` counts calls, skipped ones included. The step donates
       nothing: compile it with ``jax.jit(step, donate_argnums=0)`` to update the
       state in place.
@@ -169,12 +259,15 @@ def make_train_step(
         scale = loss_scale_or_one(state.opt_state)
         skipped_before = skipped_steps_or_zero(state.opt_state)
         (loss, aux), grads = value_and_grad(state.params, scale, batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        updates, opt_state = optimizer.update(
+            grads, state.opt_state, arrays_only(state.params)
+        )
+        params = apply_updates(state.params, updates)
         metrics: dict[str, Any] = {
             "loss": jnp.asarray(loss).astype(jnp.float32),
             "loss_scale": scale,
             "skipped": skipped_steps_or_zero(opt_state) > skipped_before,
+            "stuck": stuck_or_false(opt_state),
             "grad_norm": _global_norm_unscaled(grads, scale),
         }
         if has_aux:

@@ -197,8 +197,9 @@ def test_metrics_match_unscaled_reference_step():
     new, metrics = step(mpjax.TrainState.create(params, opt), batch)
 
     loss, grads = jax.value_and_grad(_mse)(params, batch)
-    assert set(metrics) == {"loss", "loss_scale", "skipped", "grad_norm"}
-    assert metrics["skipped"].dtype == jnp.bool_
+    assert set(metrics) == {"loss", "loss_scale", "skipped", "stuck", "grad_norm"}
+    assert metrics["skipped"].dtype == metrics["stuck"].dtype == jnp.bool_
+    assert not metrics["stuck"]
     assert all(metrics[k].dtype == jnp.float32 for k in ("loss", "loss_scale"))
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-6)
     np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
