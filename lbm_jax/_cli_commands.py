@@ -232,7 +232,7 @@ def short_summary(result: CaseResult, seconds: float) -> str:
     grid = " x ".join(map(str, result.fields["rho"].shape))
     re_text = f", Re {s['re']:.4g}" if info.re else ""
     speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
-    speed += f", {s['step_kernel']} step" if s.get("step_kernel") else ""
+    speed += f", {s['step_backend']} step" if s.get("step_backend") else ""
     shift = "" if s["shift"] else ", no shift"
     lines = [
         f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,
@@ -302,7 +302,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         "steps": args.steps,
         "repeats": args.repeats,
         "collision": args.collision,
-        "kernel": args.kernel,
+        "backend": args.backend,
         "streaming": args.streaming,
     }
     if args.all or len(storages) > 1 or args.rounds > 1:
@@ -329,7 +329,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def build_native_command() -> int:
-    from lbm_jax import _native
+    from lbm_jax.step import _native
 
     why = _native.unavailable_reason()
     if why is not None:

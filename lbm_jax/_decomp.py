@@ -33,8 +33,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax._kernel import Halos
 from lbm_jax._validation import GRID_AXES, check_devices
+from lbm_jax.step._layout import Halos
 
 __all__ = ["Decomposition", "decompose", "exchange", "halo_bytes", "to_host"]
 
@@ -83,7 +83,7 @@ class Decomposition:
     def grid_spec(self, lead: int = 0, inner: int = 1) -> PartitionSpec:
         """Spec of an array ``(*lead, X, *inner, *rest)``: split along the grid.
 
-        The kernel layout ``(X, Q, *rest)`` is ``lead=0, inner=1``; a
+        The population layout ``(X, Q, *rest)`` is ``lead=0, inner=1``; a
         ``(D, *shape)`` field is ``lead=1, inner=0``.
         """
         names = self.axis_names
@@ -199,12 +199,12 @@ def exchange(f: jax.Array, decomp: Decomposition) -> Halos:
     travel with the faces. Layers are sent in the storage format.
 
     Args:
-        f: This block's populations, kernel layout ``(X, Q, *rest)``.
+        f: This block's populations, population layout ``(X, Q, *rest)``.
         decomp: The decomposition.
 
     Returns:
         One entry per grid axis, ``None`` for an axis that is not split, else the
-        ``(low, high)`` layers :func:`lbm_jax._kernel.make_step_into` takes.
+        ``(low, high)`` layers :func:`lbm_jax.step._xla.make_step_into` takes.
     """
     d = len(decomp.splits)
     array_axis = (0, *range(2, d + 1))

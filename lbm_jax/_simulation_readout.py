@@ -18,9 +18,9 @@ from jax.typing import ArrayLike
 
 from lbm_jax import _slabs
 from lbm_jax._collision import direction_constants
-from lbm_jax._kernel import to_layout
 from lbm_jax._simulation_config import StepArrays, host_force
 from lbm_jax._validation import check_density, check_speed, vector_field
+from lbm_jax.step._layout import to_layout
 
 __all__ = [
     "Readable",
@@ -122,7 +122,7 @@ def initial_populations(
 
 
 def converted_populations(sim: Readable, source: Readable, f: jax.Array) -> jax.Array:
-    """``source``'s stored populations ``f`` in ``sim``'s storage (kernel layout):
+    """``source``'s stored populations ``f`` in ``sim``'s storage (population layout):
     decoded by ``source``'s format, shifted or unshifted as ``sim`` stores them,
     encoded by ``sim``'s format (one rounding). Same lattice and grid.
 

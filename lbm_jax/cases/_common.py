@@ -180,9 +180,9 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
     "skalak_c": CliOption(
         float, "Skalak area-dilation parameter C", cases=("capsule",)
     ),
-    "kernel": CliOption(
+    "delta": CliOption(
         int,
-        "immersed-boundary kernel width (points)",
+        "immersed-boundary delta function width (points)",
         choices=(2, 3, 4),
         cases=("capsule",),
     ),

@@ -466,7 +466,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   }
 
   // Runs of x-planes the stream-collide pass splits the grid into (one per
-  // thread, at most one per plane); lbm_jax._native.free_surface_chunks.
+  // thread, at most one per plane); lbm_jax.step._native.free_surface_chunks.
   static int chunks(int64_t threads, int nx) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, nx)));
   }
