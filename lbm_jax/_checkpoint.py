@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lbm_jax._io import CorruptCheckpointError, load_state, read_metadata, save_state
-from lbm_jax._validation import check_int
+from lbm_jax.core._validation import check_int
 
 __all__ = ["Checkpoint", "ResumeError", "check_same", "code_version"]
 

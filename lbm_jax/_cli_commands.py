@@ -76,7 +76,7 @@ def _check_decomposition(devices: int | tuple[int, ...], d: int, n: int) -> None
 
 def _needs_x64(storage: str) -> bool:
     """Whether a storage policy name needs 64-bit types (unknown names do not)."""
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._storage import get_storage
 
     try:
         return get_storage(storage).needs_x64
@@ -257,8 +257,8 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     import jax
 
     from lbm_jax import bench
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     lattice = "D3Q19" if args.lattice is None else args.lattice
     n = 128 if args.n is None else args.n

@@ -195,9 +195,9 @@ def _add_run_outputs(run: Parser) -> None:
 
 def _add_bench(sub: Any) -> Parser:
     """The ``bench`` command: the measured box, storage and repeats."""
-    from lbm_jax._collision import Collision
-    from lbm_jax._lattice import list_lattices
     from lbm_jax.bench import DEFAULT_UPDATES
+    from lbm_jax.core._collision import Collision
+    from lbm_jax.core._lattice import list_lattices
 
     collisions = [c.value for c in Collision]
     lattices = ", ".join(list_lattices())

@@ -303,8 +303,8 @@ def bench(
 
 def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES):
     """Validated ``(lattice, storage policy, steps)`` of one benchmark run."""
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     lat = get_lattice(lattice)
     policy = get_storage(storage, shift=shift)
@@ -329,7 +329,7 @@ class BenchRun:
     def __init__(
         self, lat, n, policy, *, steps, collision, devices, backend, streaming="auto"
     ) -> None:
-        from lbm_jax._simulation import Simulation
+        from lbm_jax.sim._simulation import Simulation
 
         if devices is None:  # in-place streaming runs on one device
             available = jax.local_device_count()
@@ -361,7 +361,7 @@ class BenchRun:
 
     def result(self, seconds: float, repeats: int, bandwidth: float) -> dict[str, Any]:
         """The JSON-ready result dict of :func:`bench`."""
-        from lbm_jax._decomp import halo_bytes
+        from lbm_jax.sim._decomp import halo_bytes
 
         splits = self.sim.decomposition
         local = tuple(n // s for n, s in zip(self.sim.shape, splits, strict=True))
@@ -445,10 +445,10 @@ def bench_all(
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
         "rounds": int, "results": [bench dicts]}``.
     """
-    from lbm_jax._collision import parse_collision
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage, list_storages
-    from lbm_jax._validation import check_devices
+    from lbm_jax.core._collision import parse_collision
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage, list_storages
+    from lbm_jax.core._validation import check_devices
 
     names = (
         list_storages()

@@ -102,8 +102,8 @@ def bench_free_surface(
         ValueError: Bad sizes or counts, an unknown storage (before compiling).
     """
     from lbm_jax import bench
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     for name, value, minimum in (
         ("n", n, 16),

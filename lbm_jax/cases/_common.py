@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint
-from lbm_jax._collision import Collision
-from lbm_jax._lattice import get_lattice, list_lattices
-from lbm_jax._storage import StoragePolicy, get_storage
-from lbm_jax._units import check_mach, mach, viscosity
-from lbm_jax._validation import check_int, check_real
+from lbm_jax.core._collision import Collision
+from lbm_jax.core._lattice import get_lattice, list_lattices
+from lbm_jax.core._storage import StoragePolicy, get_storage
+from lbm_jax.core._units import check_mach, mach, viscosity
+from lbm_jax.core._validation import check_int, check_real
 from lbm_jax.ibm._membrane import LAWS
 
 __all__ = [

@@ -50,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._units import check_tau, viscosity
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.core._units import check_tau, viscosity
+from lbm_jax.core._validation import check_int
 
 __all__ = [
     "DEFAULT_DELTA",
@@ -294,8 +294,8 @@ def _shear_cell(setup: CaseSetup) -> tuple[Any, np.ndarray]:
         ``H + 1``, moving at ``-/+ gamma_dot H / 2``) and the linear shear profile
         ``(3, *shape)`` (the wall cells hold their wall velocity).
     """
-    from lbm_jax._boundaries import CellType
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.core._boundaries import CellType
+    from lbm_jax.sim._simulation import Simulation
 
     opts = setup.options
     h = setup.n

@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._simulation import LBMState
 from lbm_jax.free_surface._state import (
     Flag,
     FreeSurfaceState,
@@ -53,6 +52,7 @@ from lbm_jax.free_surface._xla_step import (
     new_interface_moments,
     redistribute,
 )
+from lbm_jax.sim._simulation import LBMState
 from lbm_jax.step import _gpu
 from lbm_jax.step._backend import Backend, Candidate
 from lbm_jax.step._gpu_cells import (

@@ -59,11 +59,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._boundaries import CellType
-from lbm_jax._collision import CollisionModel, moments
-from lbm_jax._pytree import pytree_attributes
-from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import check_real
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._collision import CollisionModel, moments
+from lbm_jax.core._pytree import pytree_attributes
+from lbm_jax.core._validation import check_real
 from lbm_jax.free_surface import _gpu_step
 from lbm_jax.free_surface._state import (
     FILL_MARGIN,
@@ -75,6 +74,7 @@ from lbm_jax.free_surface._state import (
     neighbour_sum,
 )
 from lbm_jax.free_surface._xla_step import xla_step
+from lbm_jax.sim._simulation import LBMState, Simulation
 from lbm_jax.step import _native
 from lbm_jax.step._backend import Backend, Choice, choose, resolve_alias
 from lbm_jax.step._gpu import quiet_lowering

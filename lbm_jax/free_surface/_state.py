@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._simulation import LBMState
+from lbm_jax.sim._simulation import LBMState
 
 __all__ = [
     "FILL_MARGIN",

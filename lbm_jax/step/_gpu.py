@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._collision import CollisionModel
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step._backend import Backend, Candidate
 from lbm_jax.step._gpu_cells import Cells, collide_cells, encode_in_kernel, index, wrap
 from lbm_jax.step._layout import x_ghost_planes

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._lattice import Lattice
+from lbm_jax.core._lattice import Lattice
 
 __all__ = [
     "MAX_SLAB",

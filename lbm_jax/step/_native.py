@@ -31,7 +31,7 @@ simulation with ``backend="auto"`` then runs the XLA step and warns once
 (:class:`NativeStepWarning`).
 
 >>> from lbm_jax import get_lattice, get_storage
->>> from lbm_jax._collision import parse_collision
+>>> from lbm_jax.core._collision import parse_collision
 >>> model = parse_collision("bgk", 0.8, 3 / 16)
 >>> supported(get_lattice("D3Q19"), get_storage("posit16"), model, (64, 64, 64))
 False
@@ -51,9 +51,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import Collision, CollisionModel
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _native_build
 from lbm_jax.step._backend import Backend, Candidate
 from lbm_jax.step._layout import default_slab, x_ghost_planes
@@ -221,7 +221,7 @@ def why_not_step(
     ``split_across``: whether the grid is split along y or z.
 
     >>> from lbm_jax import get_lattice, get_storage
-    >>> from lbm_jax._collision import parse_collision
+    >>> from lbm_jax.core._collision import parse_collision
     >>> trt = parse_collision("trt", 0.8, 3 / 16)
     >>> why = why_not_step(get_lattice("D2Q9"), get_storage("fp32"), trt, (32, 32))
     >>> print(why.replace(", ", ",\n"))
@@ -343,7 +343,7 @@ def make_native_step_into(
     force = np.zeros(lattice.d, np.float32)
     if forced:
         force = np.array([np.float32(v) for v in constant_force], np.float32)
-    # Guo's coefficients, rounded as lbm_jax._collision rounds them
+    # Guo's coefficients, rounded as lbm_jax.core._collision rounds them
     cp = np.float32(1 - 0.5 * model.omega_plus)
     cm = np.float32(1 - 0.5 * model.omega_minus)
     full = (shape[0], lattice.q, *shape[1:])
@@ -531,7 +531,7 @@ def make_native_free_surface_step(
         "omega_minus": np.float32(model.omega_minus),
         "tau": np.float32(model.tau),
         "magic": np.float32(model.magic),
-        # as lbm_jax._collision rounds it (0: no Smagorinsky model)
+        # as lbm_jax.core._collision rounds it (0: no Smagorinsky model)
         "smagorinsky_c2": np.float32(model.smagorinsky_c2),
         "trt": np.int64(model.kind is Collision.TRT),
         "passes": np.int64(smoothing),

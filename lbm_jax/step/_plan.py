@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._collision import CollisionModel
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _gpu, _gpu_inplace, _native
 from lbm_jax.step._backend import Backend, choose, parse_backend
 from lbm_jax.step._xla import make_step_into

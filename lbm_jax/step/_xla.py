@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import CollisionModel, collide, reverse
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel, collide, reverse
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step._layout import Halos
 
 __all__ = [

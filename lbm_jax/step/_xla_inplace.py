@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import CollisionModel
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step._xla import check_populations, make_pull, make_relax, slab_tiling
 
 __all__ = ["Streaming", "make_advance_inplace", "parse_streaming"]

@@ -19,8 +19,8 @@ import pytest
 import lbm_jax
 from experiments.gpu_lbm_check import within_rounding
 from lbm_jax import CellType, get_lattice, get_storage
-from lbm_jax._boundaries import BoundaryData
-from lbm_jax._collision import parse_collision
+from lbm_jax.core._boundaries import BoundaryData
+from lbm_jax.core._collision import parse_collision
 from lbm_jax.step import _gpu
 from lbm_jax.step._xla import make_step_into
 

@@ -9,8 +9,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lbm_jax import get_lattice, get_storage
-from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import equilibrium, parse_collision
+from lbm_jax.core._boundaries import BoundaryData, CellType, build_boundary
+from lbm_jax.core._collision import equilibrium, parse_collision
 from lbm_jax.step import _native
 from lbm_jax.step._layout import default_slab, to_layout
 from lbm_jax.step._xla import make_step_into

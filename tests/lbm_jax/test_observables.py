@@ -9,7 +9,7 @@ import pytest
 
 import lbm_jax
 from lbm_jax import CellType, Simulation
-from lbm_jax._collision import direction_constants, equilibrium, moments
+from lbm_jax.core._collision import direction_constants, equilibrium, moments
 from lbm_jax.step import _layout
 
 

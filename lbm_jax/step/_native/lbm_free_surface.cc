@@ -73,7 +73,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // BGK or TRT with Guo forcing by the force density rho g, on cells
   // z .. z + width - 1 of the Q rows buf[i * n + z], in place; rho and u into
   // rho_t and u_t. The relaxation rates are the model's, or each cell's from
-  // the Smagorinsky model, as lbm_jax._collision.collide computes them.
+  // the Smagorinsky model, as lbm_jax.core._collision.collide computes them.
   template <class A, bool Force>
   void collide(float* buf, int n, int z, float* rho_t, float* u_t) const {
     using V = typename A::V;

@@ -21,12 +21,11 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import CollisionModel, parse_collision
-from lbm_jax._decomp import Decomposition, decompose
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy, get_storage
-from lbm_jax._validation import (
+from lbm_jax.core._boundaries import BoundaryData, CellType, build_boundary
+from lbm_jax.core._collision import CollisionModel, parse_collision
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy, get_storage
+from lbm_jax.core._validation import (
     check_cell_type,
     check_density,
     check_shape,
@@ -34,6 +33,7 @@ from lbm_jax._validation import (
     check_speed,
     vector_field,
 )
+from lbm_jax.sim._decomp import Decomposition, decompose
 from lbm_jax.step._backend import Backend
 from lbm_jax.step._layout import default_slab, to_layout
 from lbm_jax.step._plan import StepPlan, plan_step

@@ -35,11 +35,11 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax._boundaries import CellType
-from lbm_jax._collision import direction_constants, equilibrium, moments
-from lbm_jax._decomp import Decomposition
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._collision import direction_constants, equilibrium, moments
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.sim._decomp import Decomposition
 from lbm_jax.step._layout import planes_per_slab
 
 __all__ = [

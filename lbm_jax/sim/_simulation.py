@@ -4,8 +4,8 @@
 ``TypeError`` before anything is traced or compiled), derives the boundary arrays,
 and builds pure functions over an :class:`LBMState` pytree. It composes three
 parts: its validated configuration and step arrays
-(:mod:`lbm_jax._simulation_config`), its compiled step functions (here) and its
-read-outs (:mod:`lbm_jax._simulation_readout` around :mod:`lbm_jax._slabs`).
+(:mod:`lbm_jax.sim._config`), its compiled step functions (here) and its
+read-outs (:mod:`lbm_jax.sim._readout` around :mod:`lbm_jax.sim._slabs`).
 
 * ``sim.step(state, force=None) -> state``: one fused pull-streaming + collision
   step; pure and jit-able (use it inside your own ``jax.jit``/``lax.scan``, or in a
@@ -54,20 +54,20 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax import _slabs
-from lbm_jax._collision import CollisionModel
-from lbm_jax._decomp import exchange
-from lbm_jax._lattice import Lattice
-from lbm_jax._simulation_config import SimulationConfig, StepArrays, configure
-from lbm_jax._simulation_readout import (
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.core._units import viscosity
+from lbm_jax.core._validation import check_steps
+from lbm_jax.sim import _slabs
+from lbm_jax.sim._config import SimulationConfig, StepArrays, configure
+from lbm_jax.sim._decomp import exchange
+from lbm_jax.sim._readout import (
     check_state,
     converted_populations,
     initial_populations,
     readout_force,
 )
-from lbm_jax._storage import StoragePolicy
-from lbm_jax._units import viscosity
-from lbm_jax._validation import check_steps
 from lbm_jax.step._backend import Backend, resolve_alias
 from lbm_jax.step._xla_inplace import Streaming
 
