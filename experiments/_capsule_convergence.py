@@ -102,7 +102,7 @@ def run_convergence(
                 "ca": ca,
                 "law": law,
                 "re": conv.re,
-                "kernel": delta,
+                "delta": delta,
             }
             setup = lbm_jax.cases.prepare_case("capsule", **options)
             steps = math.ceil(conv.relaxation_times * setup.options["relaxation_time"])
@@ -133,7 +133,7 @@ def _series(
     """Records grouped by (law, Ca, delta), each group ordered by radius."""
     groups: dict[tuple[str, float, int], list[dict]] = {}
     for r in records:
-        groups.setdefault((r["law"], r["ca"], r["kernel"]), []).append(r)
+        groups.setdefault((r["law"], r["ca"], r["delta"]), []).append(r)
     return {k: sorted(v, key=lambda r: r["radius"]) for k, v in groups.items()}
 
 
@@ -146,7 +146,7 @@ def convergence_table(records: list[dict[str, Any]]) -> str:
             [
                 r["law"],
                 fmt(r["ca"]),
-                str(r["kernel"]),
+                str(r["delta"]),
                 fmt(r["radius"]),
                 run_status(r),
                 fmt(s.get("taylor_deformation"), ".4f"),

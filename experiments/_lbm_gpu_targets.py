@@ -1,6 +1,6 @@
 """The GPU targets of the performance sweep (``lbm_performance --full``).
 
-The fused GPU step (:mod:`lbm_jax._gpu`) is measured against FluidX3D's published
+The fused GPU step (:mod:`lbm_jax.step._gpu`) is measured against FluidX3D's published
 figures for an NVIDIA H200 SXM5 (FluidX3D README, "Single-GPU/CPU Benchmarks";
 Lehmann et al., Phys. Rev. E 106, 015308 (2022) for the method): 23,056 MLUPs
 with FP32/FP32 storage, 36,610 with FP32/FP16S and 20,291 with FP32/FP16C, D3Q19

@@ -49,7 +49,7 @@ class Scaling:
             (host) devices, the box split along x.
         updates, repeats, rounds: As in :class:`Settings`, per run.
         lattice, storage: What is timed.
-        kernel: The step timed (``"xla"`` by default: on a CPU the native step
+        backend: The step timed (``"xla"`` by default: on a CPU the native step
             already spreads one device's work over every core with threads, so
             its host devices are not units of compute; XLA's are, as GPUs are).
         min_speedup: The stated least strong-scaling speedup of the largest
@@ -63,7 +63,7 @@ class Scaling:
     rounds: int
     lattice: str = "D3Q19"
     storage: str = "fp32"
-    kernel: str = "xla"
+    backend: str = "xla"
     min_speedup: float | None = None
 
     def weak_n(self, devices: int) -> int:
@@ -102,7 +102,7 @@ def scaling_command(scaling: Scaling, devices: int, n: int, json_path: Path) -> 
         *("--n", str(n), "--storage", scaling.storage, "--steps", str(steps)),
         *("--repeats", str(scaling.repeats), "--rounds", str(scaling.rounds)),
         *("--devices", str(devices), "--json", str(json_path)),
-        *("--kernel", scaling.kernel),
+        *("--backend", scaling.backend),
     ]
     return cmd
 

@@ -50,7 +50,7 @@ for part in "${parts[@]}"; do
             --out "$out/amp_gpu" ;;
     free_surface)
         run_part "$part" 150 python -m lbm_jax.bench_free_surface --n 256 \
-            --storage fp32,fp16s --rounds 3 --repeats 3 --kernel gpu \
+            --storage fp32,fp16s --rounds 3 --repeats 3 --backend gpu \
             --json "$out/free_surface.json" ;;
     raindrop)
         run_part "$part" 600 python -m lbm_jax run raindrop --n 84 \

@@ -98,10 +98,10 @@ def _agreement(shape: tuple[int, ...], steps: int) -> dict[str, Any]:
             collision="trt",
         )
         sims = {
-            "xla": lbm_jax.Simulation("D3Q19", shape, kernel="xla", **config),
-            "gpu": lbm_jax.Simulation("D3Q19", shape, kernel="gpu", **config),
+            "xla": lbm_jax.Simulation("D3Q19", shape, backend="xla", **config),
+            "gpu": lbm_jax.Simulation("D3Q19", shape, backend="gpu", **config),
             "gpu_inplace": lbm_jax.Simulation(
-                "D3Q19", shape, kernel="gpu", streaming="inplace", **config
+                "D3Q19", shape, backend="gpu", streaming="inplace", **config
             ),
         }
         u0 = np.array([0.02, 0.01, -0.01])
@@ -150,12 +150,12 @@ def _large(n: int, steps: int) -> dict[str, Any]:
     seconds = time.perf_counter() - t1
     return {
         "n": n,
-        "kernel": sim.kernel,
+        "step_backend": sim.backend,
         "bytes": int(state.f.nbytes),
         "init_seconds": t_init,
         "mlups": n**3 * steps / seconds / 1e6,
         "healthy": bool(sim.healthy(state)),
-        "ok": bool(sim.healthy(state)) and sim.kernel == "gpu",
+        "ok": bool(sim.healthy(state)) and sim.backend == "gpu",
     }
 
 
@@ -172,7 +172,7 @@ def _case(args: list[str], out: Path) -> dict[str, Any]:
         "stdout": proc.stdout[-2000:],
         "stderr": proc.stderr[-2000:],
         "mlups": stats.get("mlups"),
-        "kernel": summary.get("kernel"),
+        "step_backend": summary.get("step_backend"),
         "ok": proc.returncode == 0,
     }
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "capsule": lambda: _case(
             [
                 "capsule",
-                *("--radius", "5", "--kernel", "4"),
+                *("--radius", "5", "--delta", "4"),
                 *(["--steps", "20"] if args.small else []),
             ],
             out / "capsule",

@@ -158,7 +158,7 @@ def bench_ibm(
     from lbm_jax.cases.capsule import build
 
     ib, state = build(
-        lbm_jax.cases.prepare_case("capsule", radius=radius, n=height, kernel=4)
+        lbm_jax.cases.prepare_case("capsule", radius=radius, n=height, delta=4)
     )
     sim = ib.sim
     force = ib.force_field(state.nodes)
@@ -192,7 +192,7 @@ def bench_ibm(
     return {
         "shape": list(sim.shape),
         "nodes": ib.membrane.num_nodes,
-        "kernel": lbm_jax.ibm.kernel_support(ib.delta),
+        "delta": lbm_jax.ibm.kernel_support(ib.delta),
         "fluid_step_ms": 1e3 * float(np.median(fluid_s)),
         "coupled_step_ms": 1e3 * float(np.median(coupled_s)),
         "fluid_step_no_force_ms": 1e3 * float(np.median(plain_s)),
@@ -324,7 +324,7 @@ def _run_studies(
     studies: dict[float, list[dict[str, Any]]] = {}
     for ca in st.cas:
         options = {"radius": st.radius, "n": st.height, "width": st.width}
-        options.update(re=st.re, ca=ca, kernel=4, nodes=642)
+        options.update(re=st.re, ca=ca, delta=4, nodes=642)
         setup = lbm_jax.cases.prepare_case("capsule", **options)
         steps = math.ceil(st.relaxation_times * setup.options["relaxation_time"])
         studies[ca] = sweep(
@@ -520,7 +520,8 @@ def _bench_section(bench: dict[str, Any] | None) -> list[str]:
             "## Cost of the immersed boundary",
             "",
             f"Shear cell {' x '.join(map(str, bench['shape']))} cells, "
-            f"{bench['nodes']} nodes, {bench['kernel']}-point kernel; medians of "
+            f"{bench['nodes']} nodes, {bench['delta']}-point delta function; "
+            "medians of "
             f"{bench['rounds']} interleaved rounds after warm-up:",
             "",
             markdown_table(

@@ -12,21 +12,9 @@ float64 for the arithmetic, once per fused streaming + collision step.
 """
 
 from lbm_jax import bench, cases, free_surface, ibm
-from lbm_jax._boundaries import CellType
 from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
-from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._decomp import to_host
 from lbm_jax._io import load_state, save_state, write_vti, write_vtp
-from lbm_jax._kernel_inplace import Streaming
-from lbm_jax._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax._loop import History
-from lbm_jax._native_build import NativeStepWarning
-from lbm_jax._observables import (
-    density,
-    momentum_exchange_force,
-    velocity,
-    vorticity,
-)
 from lbm_jax._run import (
     InstabilityError,
     RunResult,
@@ -34,10 +22,22 @@ from lbm_jax._run import (
     Samples,
     run,
 )
-from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._stop import relative_change, steady
-from lbm_jax._storage import StoragePolicy, get_storage, list_storages
-from lbm_jax._units import CS2, MAX_MACH, MIN_TAU
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._collision import Collision, CollisionModel
+from lbm_jax.core._lattice import Lattice, get_lattice, list_lattices
+from lbm_jax.core._storage import StoragePolicy, get_storage, list_storages
+from lbm_jax.core._units import CS2, MAX_MACH, MIN_TAU
+from lbm_jax.sim._decomp import to_host
+from lbm_jax.sim._observables import (
+    density,
+    momentum_exchange_force,
+    velocity,
+    vorticity,
+)
+from lbm_jax.sim._simulation import LBMState, Simulation
+from lbm_jax.step._native_build import NativeStepWarning
+from lbm_jax.step._xla_inplace import Streaming
 
 __all__ = [
     "CS2",

@@ -8,7 +8,7 @@ Usage::
                           [--storage NAME] [--steps S] [--shift/--no-shift]
                           [case options: --lattice {D2Q9,D3Q19,D3Q27}
                            --collision {bgk,trt} --u-ref U --run-times T
-                           --radius R --ca CA --law L --skalak-c C --kernel K
+                           --radius R --ca CA --law L --skalak-c C --delta K
                            --nodes N --dims D --sigma S --depth H --amplitude A
                            --we WE --oh OH --bo BO --width W --smagorinsky C
                            --duration T] --out DIR
@@ -19,7 +19,7 @@ Usage::
                             [--storage fp32[,fp16s,...]] [--collision {bgk,trt}]
                             [--steps S] [--repeats R] [--rounds K]
                             [--devices D | DXxDY[xDZ]]
-                            [--kernel {auto,native,xla}]
+                            [--backend {auto,xla,native,gpu}]
                             [--json FILE]
     python -m lbm_jax bench --all [--collision C] [--steps S] [--repeats R]
                             [--rounds K] [--json FILE]

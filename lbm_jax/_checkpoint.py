@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lbm_jax._io import CorruptCheckpointError, load_state, read_metadata, save_state
-from lbm_jax._validation import check_int
+from lbm_jax.core._validation import check_int
 
 __all__ = ["Checkpoint", "ResumeError", "check_same", "code_version"]
 
@@ -74,7 +74,7 @@ def source_files() -> list[Path]:
     ``lbm_jax`` and ``mpjax`` and the C++ sources the native steps compile."""
     root = Path(__file__).resolve().parent.parent
     files = [f for p in ("lbm_jax", "mpjax") for f in (root / p).rglob("*.py")]
-    native = root / "lbm_jax" / "_native"
+    native = root / "lbm_jax" / "step" / "_native"
     files += [f for pattern in ("*.cc", "*.h") for f in native.glob(pattern)]
     return sorted(files)
 

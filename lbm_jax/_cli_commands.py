@@ -76,7 +76,7 @@ def _check_decomposition(devices: int | tuple[int, ...], d: int, n: int) -> None
 
 def _needs_x64(storage: str) -> bool:
     """Whether a storage policy name needs 64-bit types (unknown names do not)."""
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._storage import get_storage
 
     try:
         return get_storage(storage).needs_x64
@@ -232,7 +232,7 @@ def short_summary(result: CaseResult, seconds: float) -> str:
     grid = " x ".join(map(str, result.fields["rho"].shape))
     re_text = f", Re {s['re']:.4g}" if info.re else ""
     speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
-    speed += f", {s['step_kernel']} step" if s.get("step_kernel") else ""
+    speed += f", {s['step_backend']} step" if s.get("step_backend") else ""
     shift = "" if s["shift"] else ", no shift"
     lines = [
         f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,
@@ -257,8 +257,8 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     import jax
 
     from lbm_jax import bench
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     lattice = "D3Q19" if args.lattice is None else args.lattice
     n = 128 if args.n is None else args.n
@@ -302,7 +302,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         "steps": args.steps,
         "repeats": args.repeats,
         "collision": args.collision,
-        "kernel": args.kernel,
+        "backend": args.backend,
         "streaming": args.streaming,
     }
     if args.all or len(storages) > 1 or args.rounds > 1:
@@ -329,7 +329,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def build_native_command() -> int:
-    from lbm_jax import _native
+    from lbm_jax.step import _native
 
     why = _native.unavailable_reason()
     if why is not None:

@@ -195,9 +195,9 @@ def _add_run_outputs(run: Parser) -> None:
 
 def _add_bench(sub: Any) -> Parser:
     """The ``bench`` command: the measured box, storage and repeats."""
-    from lbm_jax._collision import Collision
-    from lbm_jax._lattice import list_lattices
     from lbm_jax.bench import DEFAULT_UPDATES
+    from lbm_jax.core._collision import Collision
+    from lbm_jax.core._lattice import list_lattices
 
     collisions = [c.value for c in Collision]
     lattices = ", ".join(list_lattices())
@@ -248,9 +248,9 @@ def _add_bench(sub: Any) -> Parser:
 def _add_bench_implementation(bench: Parser) -> None:
     """``bench``'s domain decomposition, step implementation, ``--all`` and output
     flags."""
-    from lbm_jax._kernel_inplace import Streaming
-    from lbm_jax._native import KERNELS
     from lbm_jax.bench import FULL_PROBLEMS
+    from lbm_jax.step._backend import BACKENDS
+    from lbm_jax.step._xla_inplace import Streaming
 
     full = " and ".join(f"{lat} {n}^{lat[1]}" for lat, n in FULL_PROBLEMS)
     bench.add_argument(
@@ -262,11 +262,11 @@ def _add_bench_implementation(bench: Parser) -> None:
         "divide --n)",
     )
     bench.add_argument(
-        "--kernel",
-        choices=KERNELS,
+        "--backend",
+        choices=BACKENDS,
         default="auto",
-        help="the step's implementation: auto picks the fused GPU kernel on a "
-        "GPU and the fused native CPU kernel on a CPU where they cover the "
+        help="the step's backend: auto picks the fused GPU step on a GPU and "
+        "the fused native CPU step on a CPU where they cover the "
         "configuration, else XLA (default: %(default)s)",
     )
     bench.add_argument(

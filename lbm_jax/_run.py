@@ -73,8 +73,8 @@ from tqdm.auto import tqdm
 
 from lbm_jax._checkpoint import Checkpoint
 from lbm_jax._loop import History, Plan, run_chunk, split
-from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import check_int, check_steps, renamed_keyword
+from lbm_jax.core._validation import check_int, check_steps, renamed_keyword
+from lbm_jax.sim._simulation import LBMState, Simulation
 
 __all__ = [
     "History",

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from lbm_jax._loop import History
-from lbm_jax._validation import check_int, renamed_keyword
+from lbm_jax.core._validation import check_int, renamed_keyword
 
 __all__ = ["relative_change", "steady"]
 

@@ -217,7 +217,7 @@ def bench(
     collision: str = "bgk",
     bandwidth: float | None = None,
     devices: int | tuple[int, ...] | None = None,
-    kernel: str = "auto",
+    backend: str = "auto",
     streaming: str = "auto",
 ) -> dict[str, Any]:
     """Measure MLUPs of the compiled step on a periodic ``n^D`` box with a flow.
@@ -247,7 +247,7 @@ def bench(
             gives the sub-domains per axis; ``None`` splits x over every local
             device when ``n`` is divisible by their number, else uses one. On a
             CPU the command line starts with one host device per core.
-        kernel: The step's implementation (see :class:`lbm_jax.Simulation`):
+        backend: The step's backend (see :class:`lbm_jax.Simulation`):
             ``"auto"``, ``"native"``, ``"gpu"`` or ``"xla"``.
         streaming: ``"auto"``, ``"inplace"`` or ``"two-buffer"`` (see
             :class:`lbm_jax.Simulation`).
@@ -257,7 +257,8 @@ def bench(
         ``collision``, ``steps``, ``repeats``, ``seconds`` (median per run),
         ``mlups``, ``bytes_per_cell`` (populations loaded and stored per cell and
         step), ``bandwidth_gbs``, ``roofline_mlups``, ``roofline_fraction``,
-        ``backend``, ``kernel`` (the implementation that ran), ``devices``,
+        ``platform`` (JAX's default backend), ``step_backend`` (the step's
+        backend that ran), ``devices``,
         ``decomposition`` (sub-domains per axis) and
         ``halo_bytes`` (ghost-layer bytes all devices send per step, whole layers
         of ``q`` values in the storage format).
@@ -292,7 +293,7 @@ def bench(
         steps=steps,
         collision=collision,
         devices=devices,
-        kernel=kernel,
+        backend=backend,
         streaming=streaming,
     )
     if bandwidth is None:
@@ -302,8 +303,8 @@ def bench(
 
 def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES):
     """Validated ``(lattice, storage policy, steps)`` of one benchmark run."""
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     lat = get_lattice(lattice)
     policy = get_storage(storage, shift=shift)
@@ -326,9 +327,9 @@ class BenchRun:
     """
 
     def __init__(
-        self, lat, n, policy, *, steps, collision, devices, kernel, streaming="auto"
+        self, lat, n, policy, *, steps, collision, devices, backend, streaming="auto"
     ) -> None:
-        from lbm_jax._simulation import Simulation
+        from lbm_jax.sim._simulation import Simulation
 
         if devices is None:  # in-place streaming runs on one device
             available = jax.local_device_count()
@@ -341,7 +342,7 @@ class BenchRun:
             storage=policy,
             collision=collision,
             devices=devices,
-            kernel=kernel,
+            backend=backend,
             streaming=streaming,
         )
         self.lat, self.n, self.policy = lat, n, policy
@@ -360,7 +361,7 @@ class BenchRun:
 
     def result(self, seconds: float, repeats: int, bandwidth: float) -> dict[str, Any]:
         """The JSON-ready result dict of :func:`bench`."""
-        from lbm_jax._decomp import halo_bytes
+        from lbm_jax.sim._decomp import halo_bytes
 
         splits = self.sim.decomposition
         local = tuple(n // s for n, s in zip(self.sim.shape, splits, strict=True))
@@ -384,8 +385,8 @@ class BenchRun:
             "roofline_mlups": roofline,
             "roofline_fraction": mlups / roofline,
             "flow": FLOW,
-            "backend": jax.default_backend(),
-            "kernel": self.sim.kernel,
+            "platform": jax.default_backend(),
+            "step_backend": self.sim.backend,
             "streaming": self.sim.streaming.value,
             "devices": self.sim.devices,
             "decomposition": list(self.sim.decomposition),
@@ -410,7 +411,7 @@ def bench_all(
     bandwidth_mib: int = 128,
     progress: Callable[[Any], Any] | None = None,
     devices: int | tuple[int, ...] | None = None,
-    kernel: str = "auto",
+    backend: str = "auto",
     streaming: str = "auto",
 ) -> dict[str, Any]:
     """:func:`bench` for every storage policy on each problem, one bandwidth figure.
@@ -437,17 +438,17 @@ def bench_all(
             than the caches for a meaningful roofline).
         progress: Optional wrapper of the list of runs (e.g. a progress bar).
         devices: The domain decomposition of every run (see :func:`bench`).
-        kernel: The step's implementation in every run (see :func:`bench`).
+        backend: The step's backend in every run (see :func:`bench`).
         streaming: In place or two buffers, in every run (see :func:`bench`).
 
     Returns:
         ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
         "rounds": int, "results": [bench dicts]}``.
     """
-    from lbm_jax._collision import parse_collision
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage, list_storages
-    from lbm_jax._validation import check_devices
+    from lbm_jax.core._collision import parse_collision
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage, list_storages
+    from lbm_jax.core._validation import check_devices
 
     names = (
         list_storages()
@@ -484,7 +485,7 @@ def bench_all(
                 steps=n_steps,
                 collision=collision,
                 devices=devices,
-                kernel=kernel,
+                backend=backend,
                 streaming=streaming,
             )
         run = prepared[key]
@@ -519,14 +520,15 @@ def bench_all(
 def format_table(results: list[dict[str, Any]]) -> str:
     """Markdown table of benchmark results."""
     lines = [
-        "| lattice | n | storage | kernel | MLUPs | B/cell | GB/s | roofline MLUPs "
+        "| lattice | n | storage | step | MLUPs | B/cell | GB/s | roofline MLUPs "
         "| fraction | vs FP32 |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         ratio = f"{r['vs_fp32']:.2f}" if "vs_fp32" in r else "-"
         lines.append(
-            f"| {r['lattice']} | {r['n']} | {r['storage']} | {r.get('kernel', '-')} | "
+            f"| {r['lattice']} | {r['n']} | {r['storage']} | "
+            f"{r.get('step_backend', '-')} | "
             f"{r['mlups']:.1f} | "
             f"{r['bytes_per_cell']} | {r['bandwidth_gbs']:.1f} | "
             f"{r['roofline_mlups']:.1f} | {r['roofline_fraction']:.2f} | {ratio} |"

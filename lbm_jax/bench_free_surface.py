@@ -12,7 +12,7 @@ raindrop case's walls; the side walls periodic), tau 0.6, BGK, a pool filling
 the lower half and a drop of radius ``n/8`` falling into it at 0.02 (sigma
 1e-3, gravity 1e-5); MLUPs count every cell, gas and walls included. The plain step
 is :class:`lbm_jax.bench.BenchRun` on the same grid and storage, on one device
-(the free-surface step runs on one). Both use the kernel ``--kernel`` selects
+(the free-surface step runs on one). Both use the backend ``--backend`` selects
 (``auto``: the native CPU steps where they cover the configuration, the fused
 GPU steps on a GPU).
 
@@ -38,6 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from lbm_jax.step._backend import BACKENDS
+
 __all__ = ["TARGET_RATIO", "bench_free_surface", "main"]
 
 #: The free-surface step's throughput the project aims at, relative to the
@@ -45,7 +47,7 @@ __all__ = ["TARGET_RATIO", "bench_free_surface", "main"]
 TARGET_RATIO = 0.4
 
 
-def _free_surface_run(n: int, storage: str, steps: int, kernel: str) -> Any:
+def _free_surface_run(n: int, storage: str, steps: int, backend: str) -> Any:
     """``(fs, advance, state)``: the timed flow, compiled and warmed up."""
     import lbm_jax
     from lbm_jax.cases.free_surface import floor_and_ceiling
@@ -55,7 +57,7 @@ def _free_surface_run(n: int, storage: str, steps: int, kernel: str) -> Any:
     sim = lbm_jax.Simulation(
         "D3Q19", shape, tau=0.6, storage=storage, cell_type=floor_and_ceiling(shape)
     )
-    fs = FreeSurface(sim, sigma=1e-3, gravity=(0.0, 0.0, -1e-5), kernel=kernel)
+    fs = FreeSurface(sim, sigma=1e-3, gravity=(0.0, 0.0, -1e-5), backend=backend)
     drop = sphere_fill(shape, (n / 2, n / 2, 0.7 * n), n / 8, samples=2)
     pool = np.zeros(shape)
     pool[..., : n // 2] = 1.0
@@ -77,7 +79,7 @@ def bench_free_surface(
     steps: int = 20,
     repeats: int = 5,
     rounds: int = 3,
-    kernel: str = "auto",
+    backend: str = "auto",
 ) -> dict[str, Any]:
     """Free-surface and plain MLUPs, side by side, per storage.
 
@@ -87,12 +89,12 @@ def bench_free_surface(
         steps: Steps per timed run.
         repeats: Timed runs per round (the median is the round's figure).
         rounds: Interleaved rounds (the median ratio is the row's figure).
-        kernel: ``"auto"``, ``"gpu"``, ``"native"`` or ``"xla"``, for both steps.
+        backend: ``"auto"``, ``"gpu"``, ``"native"`` or ``"xla"``, for both steps.
 
     Returns:
         ``{"target_ratio": ..., "results": [row per storage]}``, each row with
-        ``storage``, ``n``, ``steps``, ``free_surface_kernel``,
-        ``plain_kernel``, the per-round ``free_surface_mlups``, ``plain_mlups``
+        ``storage``, ``n``, ``steps``, ``free_surface_backend``,
+        ``plain_backend``, the per-round ``free_surface_mlups``, ``plain_mlups``
         and ``ratios``, and their medians ``free_surface``, ``plain`` and
         ``ratio``.
 
@@ -100,8 +102,8 @@ def bench_free_surface(
         ValueError: Bad sizes or counts, an unknown storage (before compiling).
     """
     from lbm_jax import bench
-    from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax.core._lattice import get_lattice
+    from lbm_jax.core._storage import get_storage
 
     for name, value, minimum in (
         ("n", n, 16),
@@ -116,9 +118,9 @@ def bench_free_surface(
     runs = []
     for policy in policies:
         plain = bench.BenchRun(
-            lat, n, policy, steps=steps, collision="bgk", devices=1, kernel=kernel
+            lat, n, policy, steps=steps, collision="bgk", devices=1, backend=backend
         )
-        runs.append((policy, plain, *_free_surface_run(n, policy.name, steps, kernel)))
+        runs.append((policy, plain, *_free_surface_run(n, policy.name, steps, backend)))
     per_round: dict[str, dict[str, list[float]]] = {}
     for _ in range(rounds):
         for policy, plain, _, advance, state in runs:
@@ -142,8 +144,8 @@ def bench_free_surface(
                 "storage": policy.name,
                 "n": n,
                 "steps": steps,
-                "free_surface_kernel": fs.kernel,
-                "plain_kernel": plain.sim.kernel,
+                "free_surface_backend": fs.backend,
+                "plain_backend": plain.sim.backend,
                 "free_surface_mlups": row["fs"],
                 "plain_mlups": row["plain"],
                 "ratios": ratios,
@@ -166,9 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--kernel", default="auto", choices=("auto", "gpu", "native", "xla")
-    )
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--target", type=float, default=TARGET_RATIO)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -183,17 +183,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps=args.steps,
             repeats=args.repeats,
             rounds=args.rounds,
-            kernel=args.kernel,
+            backend=args.backend,
         )
     except ValueError as err:
         parser.error(str(err))
     report["target_ratio"] = args.target
-    print("| storage | free surface MLUPs | plain MLUPs | ratio | kernels |")
+    print("| storage | free surface MLUPs | plain MLUPs | ratio | backends |")
     print("|---|---:|---:|---:|---|")
     for r in report["results"]:
         print(
             f"| {r['storage']} | {r['free_surface']:.1f} | {r['plain']:.1f} | "
-            f"{r['ratio']:.2f} | {r['free_surface_kernel']} / {r['plain_kernel']} |"
+            f"{r['ratio']:.2f} | {r['free_surface_backend']} / {r['plain_backend']} |"
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

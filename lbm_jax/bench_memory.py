@@ -420,7 +420,7 @@ def streaming_modes() -> tuple[str | None, ...]:
     option: two buffers)."""
     import inspect
 
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.sim._simulation import Simulation
 
     if "streaming" in inspect.signature(Simulation).parameters:
         return ("two-buffer", "inplace")

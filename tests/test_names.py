@@ -1,7 +1,7 @@
 """One spelling per name across the packages.
 
 A format is named alike wherever one is named (formats, policies, storage), in
-any case; the ``kernel`` of a simulation is matched in any case like its
+any case; the ``backend`` of a simulation is matched in any case like its
 ``collision`` and ``streaming``; ``shift`` has one default (``None``: on for a
 name, a storage policy's own flag) in every entry point; every named registry
 lists its names.
@@ -86,9 +86,9 @@ def test_list_policies_names_policies_get_policy_accepts():
 
 
 @pytest.mark.parametrize("spelling", ["XLA", "Xla", " xla "])
-def test_simulation_kernel_in_any_case(spelling):
-    sim = lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8, kernel=spelling)
-    assert sim.kernel == "xla"
+def test_simulation_backend_in_any_case(spelling):
+    sim = lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8, backend=spelling)
+    assert sim.backend == "xla"
 
 
 def test_shift_has_one_default_everywhere():

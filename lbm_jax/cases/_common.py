@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint
-from lbm_jax._collision import Collision
-from lbm_jax._lattice import get_lattice, list_lattices
-from lbm_jax._storage import StoragePolicy, get_storage
-from lbm_jax._units import check_mach, mach, viscosity
-from lbm_jax._validation import check_int, check_real
+from lbm_jax.core._collision import Collision
+from lbm_jax.core._lattice import get_lattice, list_lattices
+from lbm_jax.core._storage import StoragePolicy, get_storage
+from lbm_jax.core._units import check_mach, mach, viscosity
+from lbm_jax.core._validation import check_int, check_real
 from lbm_jax.ibm._membrane import LAWS
 
 __all__ = [
@@ -180,9 +180,9 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
     "skalak_c": CliOption(
         float, "Skalak area-dilation parameter C", cases=("capsule",)
     ),
-    "kernel": CliOption(
+    "delta": CliOption(
         int,
-        "immersed-boundary kernel width (points)",
+        "immersed-boundary delta function width (points)",
         choices=(2, 3, 4),
         cases=("capsule",),
     ),

@@ -101,7 +101,7 @@ def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.kernel,
+        "step_backend": fs.backend,
         "radius_volume": radius,
         "laplace_pressure": pressure,
         "laplace_theory": theory,
@@ -142,7 +142,7 @@ def run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.kernel,
+        "step_backend": fs.backend,
         "frequency": fit["frequency"],
         "frequency_error": abs(fit["frequency"] - w) / w,
         "damping": fit["damping"],
@@ -224,7 +224,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": fs.kernel,
+        "step_backend": fs.backend,
         "crown_exponent": exponent,
         "crown_prefactor": prefactor,
         "crown_fit_samples": int(window.sum()),

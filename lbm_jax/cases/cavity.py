@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._lattice import list_lattices
-from lbm_jax._units import check_tau, tau_from_re
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common, _reference
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.core._lattice import list_lattices
+from lbm_jax.core._units import check_tau, tau_from_re
+from lbm_jax.core._validation import check_int
 
 __all__ = ["centre_lines", "ghia_errors", "prepare"]
 
@@ -171,7 +171,7 @@ def _shape(d: int, n: int, span: int | None) -> tuple[int, ...]:
 def _geometry(
     d: int, n: int, u_lid: float, span: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    from lbm_jax._boundaries import CellType
+    from lbm_jax.core._boundaries import CellType
 
     shape = _shape(d, n, span)
     cell_type = np.full(shape, int(CellType.SOLID), dtype=np.int8)
@@ -192,7 +192,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         cells, the top y layer a wall moving at ``u_ref`` in +x (periodic in z
         with ``span``).
     """
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.sim._simulation import Simulation
 
     d = 2 if setup.lattice == "D2Q9" else 3
     cell_type, wall_velocity = _geometry(d, setup.n, setup.u_ref, setup.options["span"])
@@ -210,9 +210,9 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._observables import velocity
     from lbm_jax._run import run
     from lbm_jax._stop import relative_change, steady
+    from lbm_jax.sim._observables import velocity
 
     d = 2 if setup.lattice == "D2Q9" else 3
     u_lid, span = setup.u_ref, setup.options["span"]
@@ -242,7 +242,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics: dict[str, Any] = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": sim.kernel,
+        "step_backend": sim.backend,
         "u_min_centre": float(lines["u"].min()),
         "v_min_centre": float(lines["v"].min()),
         "v_max_centre": float(lines["v"].max()),

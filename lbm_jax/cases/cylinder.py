@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._units import check_mach, check_tau, tau_from_re
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common, _reference
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.core._units import check_mach, check_tau, tau_from_re
+from lbm_jax.core._validation import check_int
 
 __all__ = ["MIN_PERIODS", "periodic_tail", "prepare", "shedding_frequency"]
 
@@ -243,7 +243,7 @@ def _shape(case: str, n: int, opts: dict[str, Any]) -> tuple[int, int]:
 
 def _geometry(setup: CaseSetup) -> dict[str, np.ndarray]:
     """Cell types, body mask, boundary and initial velocity of the case."""
-    from lbm_jax._boundaries import CellType
+    from lbm_jax.core._boundaries import CellType
 
     n, u0, opts = setup.n, setup.u_ref, setup.options
     confined = setup.case == "cylinder"
@@ -316,7 +316,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         ``(sim, state)``: the obstacle as solid cells, equilibrium cells at the
         inlet and outlet holding the inflow, and the inflow everywhere at t = 0.
     """
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.sim._simulation import Simulation
 
     geo = _geometry(setup)
     sim = Simulation(
@@ -333,8 +333,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._observables import momentum_exchange_force
     from lbm_jax._run import run
+    from lbm_jax.sim._observables import momentum_exchange_force
 
     geo = _geometry(setup)
     sim, start = build(setup)
@@ -360,7 +360,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics: dict[str, Any] = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": sim.kernel,
+        "step_backend": sim.backend,
         "grid": list(sim.shape),
         "sample_every": every,
         # too few periods to measure (the warning says so): no figure

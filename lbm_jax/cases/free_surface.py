@@ -47,8 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._units import MIN_TAU, check_tau, tau_from_viscosity, viscosity
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 from lbm_jax.cases._free_surface_runs import (
@@ -60,6 +58,8 @@ from lbm_jax.cases._free_surface_runs import (
     write_impact,
     write_static_drop,
 )
+from lbm_jax.core._units import MIN_TAU, check_tau, tau_from_viscosity, viscosity
+from lbm_jax.core._validation import check_int
 
 __all__ = ["RAINDROP", "floor_and_ceiling", "prepare", "raindrop_units"]
 
@@ -380,7 +380,7 @@ def _impact_shape(dims: int, n: int, opts: dict[str, Any]) -> tuple[int, ...]:
 def floor_and_ceiling(shape: tuple[int, ...]) -> np.ndarray:
     """Cell types of a box whose first and last layers along the last (vertical)
     axis are solid walls, the impact and wave cases' container."""
-    from lbm_jax._boundaries import CellType
+    from lbm_jax.core._boundaries import CellType
 
     cell_type = np.zeros(shape, np.int32)
     cell_type[..., 0] = cell_type[..., -1] = CellType.SOLID
@@ -389,8 +389,8 @@ def floor_and_ceiling(shape: tuple[int, ...]) -> np.ndarray:
 
 def build(setup: CaseSetup) -> tuple[Any, Any]:
     """The free surface of a prepared case and its initial state: ``(fs, state)``."""
-    from lbm_jax._simulation import Simulation
     from lbm_jax.free_surface import FreeSurface, sphere_fill
+    from lbm_jax.sim._simulation import Simulation
 
     opts = setup.options
     d = 2 if setup.lattice == "D2Q9" else 3

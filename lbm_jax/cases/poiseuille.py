@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._units import check_tau, tau_from_re, viscosity
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.core._units import check_tau, tau_from_re, viscosity
+from lbm_jax.core._validation import check_int
 
 __all__ = ["analytic_profile", "predicted_slip", "prepare"]
 
@@ -113,8 +113,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         ``(sim, state)``: a periodic-in-x channel of ``nx`` x ``n + 2`` cells,
         solid wall layers at y index 0 and ``n + 1``, driven by a body force.
     """
-    from lbm_jax._boundaries import CellType
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.core._boundaries import CellType
+    from lbm_jax.sim._simulation import Simulation
 
     n, nx = setup.n, setup.options["nx"]
     cell_type = np.zeros((nx, n + 2), dtype=np.int8)
@@ -133,9 +133,9 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._observables import velocity
     from lbm_jax._run import run
     from lbm_jax._stop import relative_change, steady
+    from lbm_jax.sim._observables import velocity
 
     n, nu, g = setup.n, setup.nu, _force(setup)
     sim, start = build(setup)
@@ -159,7 +159,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": sim.kernel,
+        "step_backend": sim.backend,
         "force": g,
         "l2_error": float(
             np.linalg.norm(u[0] - exact[None])

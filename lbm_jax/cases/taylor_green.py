@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._units import check_tau, tau_from_re, viscosity
-from lbm_jax._validation import check_int
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
+from lbm_jax.core._units import check_tau, tau_from_re, viscosity
+from lbm_jax.core._validation import check_int
 
 __all__ = ["analytic_fields", "prepare"]
 
@@ -107,7 +107,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
         ``(sim, state)``: an ``n`` x ``n`` periodic box holding the analytic
         vortices at t = 0.
     """
-    from lbm_jax._simulation import Simulation
+    from lbm_jax.sim._simulation import Simulation
 
     sim = Simulation(
         setup.lattice,
@@ -123,8 +123,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     import jax.numpy as jnp
 
-    from lbm_jax._observables import velocity
     from lbm_jax._run import run
+    from lbm_jax.sim._observables import velocity
 
     n, nu, u0 = setup.n, setup.nu, setup.u_ref
     k = 2.0 * math.pi / n
@@ -160,7 +160,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": t_end,
         "mlups": result.stats.mlups,
-        "step_kernel": sim.kernel,
+        "step_backend": sim.backend,
         "decay_rate": rate,
         "decay_rate_exact": rate_exact,
         "decay_rate_error": abs(rate - rate_exact) / rate_exact,

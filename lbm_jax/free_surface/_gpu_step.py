@@ -3,7 +3,7 @@
 The XLA step (:mod:`lbm_jax.free_surface._xla_step`) streams and collides the
 populations as whole arrays, several passes over them per step. Here the
 populations pass through memory once per step, in one Pallas kernel built from
-the fused GPU step's parts (:mod:`lbm_jax._gpu`, :mod:`lbm_jax._gpu_cells`),
+the fused GPU step's parts (:mod:`lbm_jax.step._gpu`, :mod:`lbm_jax.step._gpu_cells`),
 the way FluidX3D puts the surface's link treatment inside its stream-collide
 kernel. Each GPU thread owns one cell and
 
@@ -39,16 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax import _gpu
-from lbm_jax._gpu_cells import (
-    collide_cells,
-    encode_in_kernel,
-    equilibrium_cells,
-    index,
-    wrap,
-)
-from lbm_jax._kernel import from_layout
-from lbm_jax._simulation import LBMState
 from lbm_jax.free_surface._state import (
     Flag,
     FreeSurfaceState,
@@ -62,8 +52,19 @@ from lbm_jax.free_surface._xla_step import (
     new_interface_moments,
     redistribute,
 )
+from lbm_jax.sim._simulation import LBMState
+from lbm_jax.step import _gpu
+from lbm_jax.step._backend import Backend, Candidate
+from lbm_jax.step._gpu_cells import (
+    collide_cells,
+    encode_in_kernel,
+    equilibrium_cells,
+    index,
+    wrap,
+)
+from lbm_jax.step._layout import from_layout
 
-__all__ = ["covered", "gpu_step"]
+__all__ = ["candidate", "covered", "gpu_step"]
 
 #: What the fix-up kernel writes into a cell: nothing, the equilibrium of a new
 #: interface cell, or the rest populations of a cell that turned to gas.
@@ -73,7 +74,7 @@ _KEEP, _NEW_INTERFACE, _TO_GAS = 0, 1, 2
 def covered(fs: Any, *, interpret: bool = False) -> str | None:
     """Why the GPU free-surface step cannot run ``fs``, or ``None`` when it can.
 
-    Covered: what the fused GPU step covers (:func:`lbm_jax._gpu.supported`:
+    Covered: what the fused GPU step covers (:func:`lbm_jax.step._gpu.supported`:
     D2Q9/D3Q19/D3Q27, BGK or TRT, the Smagorinsky model, every storage) on one
     device, on a GPU (``interpret``: anywhere, for tests).
     """
@@ -87,6 +88,14 @@ def covered(fs: Any, *, interpret: bool = False) -> str | None:
             "it covers D2Q9, D3Q19 and D3Q27 grids, BGK or TRT"
         )
     return None
+
+
+def candidate(fs: Any) -> Candidate:
+    """The GPU free-surface step's answer for ``fs`` (see
+    :func:`lbm_jax.step.choose`): :func:`covered` as far as the configuration
+    goes; off a GPU ``"auto"`` passes it over."""
+    why = covered(fs, interpret=True)
+    return Candidate(Backend.GPU, why, _gpu.unavailable_reason, None, _gpu.available())
 
 
 def _rest(fs: Any) -> list[float]:

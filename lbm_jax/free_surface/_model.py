@@ -38,18 +38,20 @@ formats work unchanged); mass and flags stay in the compute dtype and ``int8``.
 
 Three implementations compute the step: the whole-array XLA step
 (:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback), a
-native C++ CPU step (``lbm_jax/_native/lbm_free_surface.cc`` through
+native C++ CPU step (``lbm_jax/step/_native/lbm_free_surface.cc`` through
 ``jax.ffi``: stream-collide and surface passes over memory, the curvature only
 near the interface) and a GPU step (:mod:`lbm_jax.free_surface._gpu_step`:
-Pallas kernels built from the fused GPU step's parts), which ``kernel="auto"``
-picks where they cover the configuration (:func:`lbm_jax._native.
+Pallas kernels built from the fused GPU step's parts), which ``backend="auto"``
+picks where they cover the configuration (:func:`lbm_jax.step._native.
 covered_free_surface`, :func:`lbm_jax.free_surface._gpu_step.covered`). They
 agree to round-off: their sums run in different orders.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import warnings
 from collections.abc import Sequence
 
 import jax
@@ -57,12 +59,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax import _native
-from lbm_jax._boundaries import CellType
-from lbm_jax._collision import CollisionModel, moments
-from lbm_jax._pytree import pytree_attributes
-from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import check_real
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._collision import CollisionModel, moments
+from lbm_jax.core._pytree import pytree_attributes
+from lbm_jax.core._validation import check_real
 from lbm_jax.free_surface import _gpu_step
 from lbm_jax.free_surface._state import (
     FILL_MARGIN,
@@ -74,12 +74,17 @@ from lbm_jax.free_surface._state import (
     neighbour_sum,
 )
 from lbm_jax.free_surface._xla_step import xla_step
+from lbm_jax.sim._simulation import LBMState, Simulation
+from lbm_jax.step import _native
+from lbm_jax.step._backend import Backend, Choice, choose, resolve_alias
+from lbm_jax.step._gpu import quiet_lowering
 
 __all__ = ["FreeSurface"]
 
 
 @pytree_attributes(
-    data=("sim",), meta=("sigma", "gravity", "smoothing", "smagorinsky", "kernel")
+    data=("sim",),
+    meta=("sigma", "gravity", "smoothing", "smagorinsky", "backend", "backend_reason"),
 )
 class FreeSurface:
     """A liquid with a free surface (volume of fluid) in a lattice Boltzmann flow.
@@ -95,21 +100,27 @@ class FreeSurface:
         smagorinsky: Smagorinsky constant of a subgrid model (0: none), for
             flows whose ``tau`` is very close to 1/2 (e.g. a physical raindrop
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
-        kernel: The step's implementation: ``"auto"`` (default) runs, on a
-            GPU, the fused GPU step (Pallas kernels,
-            :mod:`lbm_jax.free_surface._gpu_step`: D2Q9/D3Q19/D3Q27, BGK or TRT,
-            with or without the subgrid model, every storage, one device), on a
-            CPU the native C++ step where it covers the configuration (the same
-            lattices and collisions, FP32 or 16-bit DDF-shifted storage, one
-            device), and the XLA step elsewhere, warning
+        backend: The step's implementation (:class:`lbm_jax.step.Backend`):
+            ``"auto"`` (default) runs, on a GPU, the fused GPU step (Pallas
+            kernels, :mod:`lbm_jax.free_surface._gpu_step`: D2Q9/D3Q19/D3Q27, BGK
+            or TRT, with or without the subgrid model, every storage, one
+            device), on a CPU the native C++ step where it covers the
+            configuration (the same lattices and collisions, FP32 or 16-bit
+            DDF-shifted storage, one device), and the XLA step elsewhere, warning
             (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
             be built; ``"gpu"`` and ``"native"`` require theirs; ``"xla"`` runs
-            the XLA step. :attr:`kernel` says which runs.
+            the XLA step; ``None`` (default): the backend ``sim`` was asked for
+            (so ``Simulation(..., backend="xla")`` keeps its free surface on the
+            XLA step too). The choice is the simulation's rule
+            (:func:`lbm_jax.step.choose`), asked for the free surface's own step.
+            :attr:`backend` says which runs, :attr:`backend_reason` why no
+            faster one.
+        kernel: Deprecated alias of ``backend`` (a ``DeprecationWarning``).
 
     Raises:
         ValueError: A simulation with moving walls, equilibrium cells or a force,
             a negative or non-finite ``sigma``, a gravity of the wrong length,
-            an unknown ``kernel``, or ``"gpu"`` or ``"native"`` where it does
+            an unknown ``backend``, or ``"gpu"`` or ``"native"`` where it does
             not cover the configuration.
         TypeError: Arguments of the wrong type.
 
@@ -131,8 +142,12 @@ class FreeSurface:
         gravity: Sequence[float] | None = None,
         smoothing: int = 2,
         smagorinsky: float = 0.0,
-        kernel: str = "auto",
+        backend: str | Backend | None = None,
+        kernel: str | None = None,
     ) -> None:
+        if backend is None:
+            backend = sim.backend_requested if kernel is None else "auto"
+        backend = resolve_alias(backend, kernel)
         if not isinstance(sim, Simulation):
             raise TypeError(f"sim must be an lbm_jax.Simulation, got {sim!r}.")
         other = set(np.unique(sim.cell_type)) - {CellType.FLUID, CellType.SOLID}
@@ -171,28 +186,33 @@ class FreeSurface:
             )
         self.sim = sim
         self.smagorinsky = smagorinsky
-        self.kernel = self._select_kernel(kernel)
+        choice = self._choose_backend(backend)
+        self.backend = choice.backend.value
+        self.backend_reason = choice.why_not_faster
         self.sigma = sigma
         self.gravity = g
         self.smoothing = smoothing
 
-    def _select_kernel(self, kernel: str) -> str:
-        """``"gpu"``, ``"native"`` or ``"xla"`` for the ``kernel`` asked for."""
-        choice = _native.parse_kernel(kernel)
-        if choice in ("auto", "gpu"):
-            why_not = _gpu_step.covered(self)
-            if why_not is None:
-                return "gpu"
-            if choice == "gpu":
-                raise ValueError(
-                    f"kernel='gpu' is not available for this free surface: {why_not}; "
-                    "use kernel='auto' to fall back to the CPU steps."
-                )
+    def _choose_backend(self, backend: Backend) -> Choice:
+        """The backend of the free-surface step (the one rule, :func:`choose`)."""
         sim = self.sim
-        native = _native.select_free_surface(
-            choice, sim.lattice, sim.storage, sim.shape, sim.devices
+        candidates = (
+            _gpu_step.candidate(self),
+            _native.free_surface_candidate(
+                sim.lattice, sim.storage, sim.shape, sim.devices
+            ),
         )
-        return "native" if native else "xla"
+        return choose(backend, candidates, "free surface")
+
+    @property
+    def kernel(self) -> str:
+        """Deprecated alias of :attr:`backend`."""
+        warnings.warn(
+            "FreeSurface.kernel is deprecated; use FreeSurface.backend.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.backend
 
     @property
     def collision(self) -> CollisionModel:
@@ -205,7 +225,7 @@ class FreeSurface:
     def __repr__(self) -> str:
         return (
             f"FreeSurface({self.sim!r}, sigma={self.sigma}, gravity={self.gravity}, "
-            f"kernel={self.kernel!r})"
+            f"backend={self.backend!r})"
         )
 
     @property
@@ -253,7 +273,7 @@ class FreeSurface:
         flags = np.where((flags == Flag.FLUID) & gas_near, Flag.INTERFACE, flags)
         flags = np.where(solid, Flag.SOLID, flags).astype(np.int8)
         liquid = (flags == Flag.FLUID) | (flags == Flag.INTERFACE)
-        # populations in the kernel layout (X, Q, ...)
+        # populations in the population layout (X, Q, ...)
         f = jnp.where(jnp.asarray(liquid)[:, None], fluid.f, rest.f)
         fluid = LBMState(f=f, t=fluid.t)
         rho_arr = np.broadcast_to(np.asarray(rho, np.float64), shape)
@@ -333,12 +353,14 @@ class FreeSurface:
         """One free-surface step (pure, jit-able): stream, exchange mass, collide,
         convert cells and redistribute the excess mass."""
         self.sim.check_state(state.fluid)
-        return self._step_jit(self, state)
+        gpu = self.backend == Backend.GPU.value
+        with quiet_lowering() if gpu else contextlib.nullcontext():
+            return self._step_jit(self, state)
 
     def _step_impl(self, state: FreeSurfaceState) -> FreeSurfaceState:
-        if self.kernel == "xla":
+        if self.backend == "xla":
             return xla_step(self, state)
-        if self.kernel == "gpu":
+        if self.backend == "gpu":
             return _gpu_step.gpu_step(self, state)
         step = _native.make_native_free_surface_step(
             self.sim.lattice,

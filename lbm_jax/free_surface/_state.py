@@ -3,7 +3,7 @@
 The flags, the fill margin and the state are used by the model
 (:mod:`lbm_jax.free_surface._model`) and by its XLA step
 (:mod:`lbm_jax.free_surface._xla_step`); the native step
-(``lbm_jax/_native/lbm_free_surface.cc``) uses the same flag values.
+(``lbm_jax/step/_native/lbm_free_surface.cc``) uses the same flag values.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._simulation import LBMState
+from lbm_jax.sim._simulation import LBMState
 
 __all__ = [
     "FILL_MARGIN",

@@ -16,9 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._collision import collide, equilibrium, moments, reverse
-from lbm_jax._kernel import from_layout, to_layout
-from lbm_jax._simulation import LBMState
+from lbm_jax.core._collision import collide, equilibrium, moments, reverse
 from lbm_jax.free_surface._curvature import curvature
 from lbm_jax.free_surface._state import (
     FILL_MARGIN,
@@ -29,6 +27,8 @@ from lbm_jax.free_surface._state import (
     neighbour_sum,
     two_sum,
 )
+from lbm_jax.sim._simulation import LBMState
+from lbm_jax.step._layout import from_layout, to_layout
 
 __all__ = ["convert", "gas_state", "new_interface_moments", "redistribute", "xla_step"]
 

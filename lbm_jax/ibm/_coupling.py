@@ -30,11 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._pytree import pytree_attributes
-from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._validation import renamed_keyword
+from lbm_jax.core._pytree import pytree_attributes
+from lbm_jax.core._validation import renamed_keyword
 from lbm_jax.ibm._kernels import get_kernel, interpolate, spread
 from lbm_jax.ibm._membrane import Membrane
+from lbm_jax.sim._simulation import LBMState, Simulation
 
 __all__ = ["IBMState", "ImmersedBoundary"]
 

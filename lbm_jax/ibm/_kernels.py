@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from lbm_jax._validation import check_int
+from lbm_jax.core._validation import check_int
 
 __all__ = [
     "DeltaKernel",

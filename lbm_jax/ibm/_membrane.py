@@ -86,8 +86,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._pytree import pytree_attributes
-from lbm_jax._validation import check_real
+from lbm_jax.core._pytree import pytree_attributes
+from lbm_jax.core._validation import check_real
 from lbm_jax.ibm._mesh import TriangleMesh, signed_volume
 
 __all__ = ["BENDING_MODELS", "LAWS", "Membrane"]

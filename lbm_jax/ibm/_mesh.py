@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._validation import check_int, check_real
+from lbm_jax.core._validation import check_int, check_real
 
 __all__ = [
     "ICOSPHERE_NODES",

@@ -318,7 +318,7 @@ def _capsule_record(radius: float, error: float, rate: float) -> dict:
     return {
         "law": "skalak",
         "ca": 0.03,
-        "kernel": 2,
+        "delta": 2,
         "radius": radius,
         "stable": True,
         "summary": summary,

@@ -14,14 +14,14 @@ import numpy as np
 
 import lbm_jax
 from experiments.gpu_lbm_check import within_rounding
-from lbm_jax import _gpu
 from lbm_jax.free_surface import FreeSurface, sphere_fill
 from lbm_jax.free_surface._xla_step import xla_step
+from lbm_jax.step import _gpu, _gpu_inplace
 
 
 def gpu_twin(monkeypatch, lattice, shape, **config):
     """``(reference, fused)``: one configuration with the XLA and the GPU step."""
-    ref = lbm_jax.Simulation(lattice, shape, kernel="xla", **config)
+    ref = lbm_jax.Simulation(lattice, shape, backend="xla", **config)
     with monkeypatch.context() as m:
         m.setattr(_gpu, "unavailable_reason", lambda: None)
         m.setattr(
@@ -30,12 +30,12 @@ def gpu_twin(monkeypatch, lattice, shape, **config):
             functools.partial(_gpu.make_gpu_step_into, interpret=True),
         )
         m.setattr(
-            _gpu,
+            _gpu_inplace,
             "make_gpu_advance_inplace",
-            functools.partial(_gpu.make_gpu_advance_inplace, interpret=True),
+            functools.partial(_gpu_inplace.make_gpu_advance_inplace, interpret=True),
         )
-        fused = lbm_jax.Simulation(lattice, shape, kernel="gpu", **config)
-    assert fused.kernel == "gpu"
+        fused = lbm_jax.Simulation(lattice, shape, backend="gpu", **config)
+    assert fused.backend == "gpu"
     return ref, fused
 
 
@@ -52,11 +52,11 @@ def splash(lattice, shape, storage, collision="bgk", smagorinsky=0.0, shift=True
         shift=shift,
         collision=collision,
         cell_type=ct,
-        kernel="xla",
+        backend="xla",
     )
     gravity = [0.0] * (d - 1) + [-2e-4]
     fs = FreeSurface(
-        sim, sigma=0.005, gravity=gravity, smagorinsky=smagorinsky, kernel="xla"
+        sim, sigma=0.005, gravity=gravity, smagorinsky=smagorinsky, backend="xla"
     )
     n = shape[-1]
     centre = [s / 2 for s in shape[:-1]] + [0.62 * n]

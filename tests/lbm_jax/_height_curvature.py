@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import jax
 import pytest
 
-import lbm_jax._native as native
 import lbm_jax.free_surface._xla_step as xla_step
+import lbm_jax.step._native as native
 from lbm_jax.free_surface import curvature
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from lbm_jax import _gpu, _native
+from lbm_jax.step import _gpu, _native
 
 
 def native_skip_reason() -> str | None:
@@ -21,7 +21,7 @@ def native_skip_reason() -> str | None:
 
 
 def auto_free_surface_kernel() -> str:
-    """The step ``FreeSurface(kernel="auto")`` runs on a covered configuration
+    """The step ``FreeSurface(backend="auto")`` runs on a covered configuration
     here: the GPU step on a GPU, the native step on a CPU that builds it."""
     if _gpu.available():
         return "gpu"

@@ -28,7 +28,7 @@ import numpy as np
 
 import lbm_jax
 from lbm_jax import CellType, Simulation
-from lbm_jax._decomp import decompose, exchange
+from lbm_jax.sim._decomp import decompose, exchange
 
 #: Cases of the default run: (lattice, storage, collision, split) on an 8-cell
 #: grid per side: 3 split axes, with the corner directions of D3Q27.

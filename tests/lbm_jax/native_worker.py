@@ -1,7 +1,7 @@
 """One ``Simulation()`` in a fresh process, for the native step's fallback tests.
 
 Run as ``python tests/lbm_jax/native_worker.py [CPU]``: builds a simulation the
-native step covers (D3Q19 FP32/FP16S, ``kernel="auto"``), advances it one step
+native step covers (D3Q19 FP32/FP16S, ``backend="auto"``), advances it one step
 and prints one JSON line: the kernel that ran, the :class:`NativeStepWarning`
 messages, every other warning, and ``build-native``'s view. ``CPU`` replaces the
 CPU-feature probe, e.g. ``aarch64`` or ``x86_64:sse2,avx`` (machine, flags), to
@@ -19,7 +19,8 @@ import numpy as np
 
 
 def main(argv: list[str]) -> None:
-    from lbm_jax import NativeStepWarning, Simulation, _native, _native_build
+    from lbm_jax import NativeStepWarning, Simulation
+    from lbm_jax.step import _native, _native_build
 
     if argv:
         machine, _, flags = argv[0].partition(":")
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> None:
     print(
         json.dumps(
             {
-                "kernel": sim.kernel,
+                "backend": sim.backend,
                 "repr": repr(sim),
                 "native_warnings": native,
                 "other_warnings": other,

@@ -240,7 +240,7 @@ def test_free_surface_bench_reports_ratios_and_fails_below_its_target(tmp_path):
     [
         (["--n", "8"], "n must be an integer >= 16"),
         (["--storage", "fp13"], "fp13"),
-        (["--kernel", "fast"], "invalid choice"),
+        (["--backend", "fast"], "invalid choice"),
         (["--target", "0"], "--target must be a positive ratio"),
     ],
 )
@@ -253,13 +253,14 @@ def test_free_surface_bench_refuses_bad_input(argv, message, capsys):
 
 
 def test_free_surface_bench_refuses_the_gpu_kernel_without_a_gpu(capsys):
-    """``--kernel gpu`` off a GPU stops with the reason before anything compiles."""
-    from lbm_jax import _gpu, bench_free_surface
+    """``--backend gpu`` off a GPU stops with the reason before anything compiles."""
+    from lbm_jax import bench_free_surface
+    from lbm_jax.step import _gpu
 
     if _gpu.available():
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit) as err:
-        bench_free_surface.main(["--n", "16", "--kernel", "gpu"])
+        bench_free_surface.main(["--n", "16", "--backend", "gpu"])
     message = capsys.readouterr().err
-    assert err.value.code == 2 and "kernel='gpu' is not available" in message
+    assert err.value.code == 2 and "backend='gpu' is not available" in message
     assert "not a GPU" in message

@@ -6,7 +6,7 @@ import pytest
 
 import lbm_jax
 from lbm_jax import CellType, Collision, Simulation, get_lattice
-from lbm_jax._boundaries import link_mask
+from lbm_jax.core._boundaries import link_mask
 
 
 def test_link_mask_marks_links_pointing_at_a_solid_cell():

@@ -29,7 +29,7 @@ from lbm_jax.ibm import (
 # steps (the default box, 50^3 at Re = 0.02, takes ~7600). Measured here: D 5.5 %
 # above theory, relaxation rate 7 % below. The close periodic images (24 cells
 # apart) lower D: the default box gives 12 % above theory (a slow test).
-CI_CAPSULE = {"radius": 5.0, "n": 40, "width": 24, "re": 0.05, "ca": 0.03, "kernel": 4}
+CI_CAPSULE = {"radius": 5.0, "n": 40, "width": 24, "re": 0.05, "ca": 0.03, "delta": 4}
 
 
 # A short run in a small box, for what a run writes (seconds, not minutes).
@@ -114,7 +114,7 @@ def test_immersed_boundary_kernel_is_a_deprecated_alias_of_delta():
         old = ImmersedBoundary(ib.sim, ib.membrane, kernel=2)
     assert old.delta is get_kernel(2) and ib.delta is get_kernel(4)
     with pytest.warns(DeprecationWarning, match=r"\.delta"):
-        assert old.kernel is old.delta
+        assert old.backend is old.delta
     with pytest.raises(ValueError, match="once"):
         ImmersedBoundary(ib.sim, ib.membrane, delta=2, kernel=2)
 
@@ -187,7 +187,7 @@ def test_deformation_theory_for_each_law():
         ({"radius": 5.0, "n": 13}, "too small for a capsule"),
         ({"width": 10}, "too small for a capsule"),
         ({"law": "mooney"}, "Unknown law"),
-        ({"kernel": 5}, "kernel"),
+        ({"delta": 5}, "delta"),
         ({"nodes": 600}, "642"),
         ({"re": 1e4}, "Mach"),
     ],
@@ -218,7 +218,7 @@ def test_cli_capsule_bad_input_exits_2(tmp_path):
 )
 def test_capsule_benchmark_case_against_theory(kernel, tolerance):
     # Krueger's r = 5 in 50^3 (the default radius, 12, is a GPU run)
-    s = run_case("capsule", radius=5.0, kernel=kernel).summary
+    s = run_case("capsule", radius=5.0, delta=kernel).summary
     assert s["radius"] == 5.0 and s["n"] == 50 and s["width"] == 50
     assert s["deformation_error"] < tolerance
     assert s["relaxation_rate_error"] < 0.15

@@ -22,7 +22,7 @@ SUMMARY_KEYS = {
     "steps",
     "u_ref",
     "mlups",
-    "step_kernel",
+    "step_backend",
 }
 
 
@@ -85,8 +85,8 @@ def test_cli_run_writes_fields_summary_and_png(
     assert f"{summary['steps']} steps, storage {summary['storage']}" in printed
     assert f"full summary: {out / 'summary.json'}" in printed
     assert f"wrote {out / 'fields.npz'}" in printed
-    assert summary["step_kernel"] in ("native", "xla", "gpu")
-    assert f"{summary['step_kernel']} step" in printed
+    assert summary["step_backend"] in ("native", "xla", "gpu")
+    assert f"{summary['step_backend']} step" in printed
     for key in metrics & set(CASE_INFO[argv[0]].results):
         assert f"{key} " in printed
 

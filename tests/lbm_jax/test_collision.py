@@ -7,7 +7,7 @@ import pytest
 
 import lbm_jax
 from lbm_jax import Collision, get_lattice, list_lattices
-from lbm_jax._collision import collide, equilibrium, moments, parse_collision
+from lbm_jax.core._collision import collide, equilibrium, moments, parse_collision
 
 LATTICES = list_lattices()
 

@@ -110,7 +110,7 @@ def test_readme_walls_and_lid_example_runs(capsys):
     exec(_readme_block("### Walls and a moving lid"), namespace)
     sim, u = namespace["sim"], namespace["u"]
     n = namespace["n"]
-    assert sim.kernel in ("gpu", "native", "xla") and u.shape == (2, n + 2, n + 2)
+    assert sim.backend in ("gpu", "native", "xla") and u.shape == (2, n + 2, n + 2)
     # dragged along under the lid, a return flow near the floor, walls at rest
     assert 0.02 < u[0, n // 2, n] < 0.05 and u[0, n // 2, 2] < 0
     assert np.all(u[:, 0, :] == 0) and np.all(u[:, :, 0] == 0)

@@ -15,9 +15,9 @@ import pytest
 import lbm_jax
 from lbm_jax import CellType, Collision, CollisionModel
 from lbm_jax.__main__ import main
-from lbm_jax._collision import collide, equilibrium, moments, parse_collision
 from lbm_jax.cases import run_case
 from lbm_jax.cases.free_surface import RAINDROP, raindrop_units
+from lbm_jax.core._collision import collide, equilibrium, moments, parse_collision
 from lbm_jax.free_surface import (
     FreeSurface,
     count_droplets,

@@ -241,7 +241,7 @@ def test_capillary_wave_matches_lambs_normal_mode(wave):
 
 def _check_impact(summary: dict, series: dict) -> None:
     # the free-surface step that ran: TRT with the subgrid model is covered
-    assert summary["step_kernel"] == auto_free_surface_kernel()
+    assert summary["step_backend"] == auto_free_surface_kernel()
     assert 0.4 <= summary["crown_exponent"] <= 0.6, summary["crown_exponent"]
     assert summary["crown_fit_samples"] >= 10
     assert isinstance(summary["droplets"], int) and summary["droplets"] >= 0

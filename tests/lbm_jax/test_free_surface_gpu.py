@@ -16,9 +16,9 @@ import pytest
 
 import lbm_jax
 from experiments.gpu_lbm_check import within_rounding
-from lbm_jax import _gpu
 from lbm_jax.free_surface import FreeSurface, _gpu_step
 from lbm_jax.free_surface._xla_step import xla_step
+from lbm_jax.step import _gpu
 
 from ._gpu_pairs import compare_free_surface_steps, splash
 
@@ -59,26 +59,26 @@ def test_gpu_free_surface_mass_is_conserved_over_a_long_run():
 
 
 def test_gpu_kernel_for_a_free_surface(monkeypatch):
-    """``kernel="auto"`` picks the GPU step where the fused GPU step runs (here
+    """``backend="auto"`` picks the GPU step where the fused GPU step runs (here
     made to, interpreted) and ``"gpu"`` requires it; on the CPU it is refused
     with the reason, as on two devices."""
     fs, state = splash("D2Q9", (16, 24), "fp16s")
     if not _gpu.available():
-        with pytest.raises(ValueError, match="kernel='gpu' is not available.*GPU"):
-            FreeSurface(fs.sim, kernel="gpu")
-        assert FreeSurface(fs.sim).kernel in ("native", "xla")
+        with pytest.raises(ValueError, match="backend='gpu' is not available.*GPU"):
+            FreeSurface(fs.sim, backend="gpu")
+        assert FreeSurface(fs.sim).backend in ("native", "xla")
     monkeypatch.setattr(_gpu, "unavailable_reason", lambda: None)
     two = lbm_jax.Simulation("D2Q9", (16, 24), tau=0.6, devices=2)
     with pytest.raises(ValueError, match="one device"):
-        FreeSurface(two, kernel="gpu")
+        FreeSurface(two, backend="gpu")
     monkeypatch.setattr(
         _gpu_step, "gpu_step", functools.partial(_gpu_step.gpu_step, interpret=True)
     )
     jax.clear_caches()
     try:
         auto = FreeSurface(fs.sim, sigma=fs.sigma, gravity=fs.gravity)
-        assert auto.kernel == "gpu"
-        assert "kernel='gpu'" in repr(auto)
+        assert auto.backend == "gpu"
+        assert "backend='gpu'" in repr(auto)
         got = auto.step(state)
     finally:
         jax.clear_caches()

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import _native
 from lbm_jax.cases import prepare_case
 from lbm_jax.cases.free_surface import build, floor_and_ceiling
 from lbm_jax.free_surface import FreeSurface, sphere_fill
 from lbm_jax.free_surface._state import FILL_MARGIN, Flag
+from lbm_jax.step import _native
 
 from ._native_env import native_skip_reason
 
@@ -99,16 +99,20 @@ def pairs():
         )
         phi, u = _fill(shape, flow)
         states = {}
-        for kernel in ("xla", "native"):
+        for backend in ("xla", "native"):
             fs = FreeSurface(
-                sim, sigma=0.01, gravity=gravity, smagorinsky=smagorinsky, kernel=kernel
+                sim,
+                sigma=0.01,
+                gravity=gravity,
+                smagorinsky=smagorinsky,
+                backend=backend,
             )
-            assert fs.kernel == kernel
+            assert fs.backend == backend
             state0 = fs.init(phi, u=u)
             run = jax.jit(
                 lambda s, fs=fs: jax.lax.fori_loop(0, STEPS, lambda _, x: fs.step(x), s)
             )
-            states[kernel] = run(state0)
+            states[backend] = run(state0)
         out[name] = (storage, state0, states["xla"], states["native"])
     return out
 
@@ -178,7 +182,7 @@ def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
     # and the surface passes read only what they computed
     sim = _native_step(shape, 1)[0]
     phi, u = _fill(shape, "walls")
-    xla = FreeSurface(sim, sigma=0.01, gravity=(0.0, 0.0, -1e-4), kernel="xla")
+    xla = FreeSurface(sim, sigma=0.01, gravity=(0.0, 0.0, -1e-4), backend="xla")
     s = xla.init(phi, u=u)
     args = (s.fluid.f, s.flags, s.mass, s.carry)
     reference = jax.jit(lambda s: xla.step(xla.step(s)))(s)
@@ -202,7 +206,7 @@ def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
 def test_native_step_conserves_mass_over_a_run():
     sim = lbm_jax.Simulation("D2Q9", (48, 48), tau=0.7)
     fs = FreeSurface(sim, sigma=0.005, gravity=(0.0, -1e-4))
-    assert fs.kernel == "native"
+    assert fs.backend == "native"
     phi, u = _fill((48, 48), "drop")
     state0 = fs.init(phi, u=u)
     total = _exact_mass(state0)  # the run donates the state
@@ -213,10 +217,10 @@ def test_native_step_conserves_mass_over_a_run():
 
 def test_validation_cases_run_the_native_step():
     fs, _ = build(prepare_case("static_drop", n=32, radius=8.0))
-    assert fs.kernel == "native"
+    assert fs.backend == "native"
     # the impacts: TRT with the Smagorinsky model
     fs, _ = build(prepare_case("drop_impact", dims=2))
-    assert fs.kernel == "native"
+    assert fs.backend == "native"
     assert fs.collision.kind.value == "trt" and fs.collision.smagorinsky > 0
 
 
@@ -225,19 +229,19 @@ def _sim(**kwargs) -> lbm_jax.Simulation:
 
 
 def test_uncovered_configurations_run_the_xla_step():
-    assert FreeSurface(_sim(collision="trt"), smagorinsky=0.1).kernel == "native"
-    assert FreeSurface(_sim(storage="posit16")).kernel == "xla"
-    assert FreeSurface(_sim(storage="fp16s", shift=False)).kernel == "xla"
-    assert FreeSurface(_sim(), kernel="XLA").kernel == "xla"
-    assert "kernel='xla'" in repr(FreeSurface(_sim(), kernel="xla"))
+    assert FreeSurface(_sim(collision="trt"), smagorinsky=0.1).backend == "native"
+    assert FreeSurface(_sim(storage="posit16")).backend == "xla"
+    assert FreeSurface(_sim(storage="fp16s", shift=False)).backend == "xla"
+    assert FreeSurface(_sim(), backend="XLA").backend == "xla"
+    assert "backend='xla'" in repr(FreeSurface(_sim(), backend="xla"))
 
 
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: FreeSurface(_sim(storage="posit16"), kernel="native"), "storage"),
-        (lambda: FreeSurface(_sim(), kernel="gpu"), "kernel='gpu' is not available"),
-        (lambda: FreeSurface(_sim(), kernel="fast"), "kernel must be one of"),
+        (lambda: FreeSurface(_sim(storage="posit16"), backend="native"), "storage"),
+        (lambda: FreeSurface(_sim(), backend="gpu"), "backend='gpu' is not available"),
+        (lambda: FreeSurface(_sim(), backend="fast"), "backend must be one of"),
     ],
 )
 def test_native_kernel_refuses_what_it_does_not_cover(make, message):
@@ -249,6 +253,6 @@ def test_an_unavailable_library_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(_native, "unavailable_reason", lambda: "no compiler here")
     with pytest.warns(lbm_jax.NativeStepWarning, match="no compiler here"):
         fs = FreeSurface(_sim())
-    assert fs.kernel == "xla"
-    with pytest.raises(ValueError, match="kernel='native' is not available.*no comp"):
-        FreeSurface(_sim(), kernel="native")
+    assert fs.backend == "xla"
+    with pytest.raises(ValueError, match="backend='native' is not available.*no comp"):
+        FreeSurface(_sim(), backend="native")

@@ -9,8 +9,8 @@ import pytest
 
 import lbm_jax
 from experiments.gpu_lbm_check import within_rounding
-from lbm_jax import _gpu
 from lbm_jax.free_surface import FreeSurface
+from lbm_jax.step import _gpu
 
 from ._gpu_pairs import compare_free_surface_steps, splash
 
@@ -26,9 +26,9 @@ STORAGES = ["fp32", "fp16", "fp16s", "fp16c", "bf16", "posit16s"]
 def test_compiled_gpu_step_runs_every_codec(storage):
     shape, steps = (32, 32, 32), 4
     config = {"tau": 0.6, "storage": storage}
-    ref = lbm_jax.Simulation("D3Q19", shape, kernel="xla", **config)
-    fused = lbm_jax.Simulation("D3Q19", shape, kernel="gpu", **config)
-    assert fused.kernel == "gpu"
+    ref = lbm_jax.Simulation("D3Q19", shape, backend="xla", **config)
+    fused = lbm_jax.Simulation("D3Q19", shape, backend="gpu", **config)
+    assert fused.backend == "gpu"
     u = [0.02, -0.01, 0.015]
     a = ref.advance(ref.init(u=u), steps)
     b = fused.advance(fused.init(u=u), steps)
@@ -46,6 +46,6 @@ def test_compiled_gpu_step_runs_every_codec(storage):
 def test_compiled_gpu_free_surface_step(lattice, shape, storage, extra):
     """The GPU free-surface step compiled for the device, against the XLA step."""
     fs, state = splash(lattice, shape, storage, **extra)
-    fused = FreeSurface(fs.sim, sigma=fs.sigma, gravity=fs.gravity, kernel="gpu")
-    assert fused.kernel == "gpu"
+    fused = FreeSurface(fs.sim, sigma=fs.sigma, gravity=fs.gravity, backend="gpu")
+    assert fused.backend == "gpu"
     compare_free_surface_steps(fs, state, fused.step, 20)

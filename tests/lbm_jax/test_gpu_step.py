@@ -18,10 +18,11 @@ import pytest
 
 import lbm_jax
 from experiments.gpu_lbm_check import within_rounding
-from lbm_jax import CellType, _gpu, get_lattice, get_storage
-from lbm_jax._boundaries import BoundaryData
-from lbm_jax._collision import parse_collision
-from lbm_jax._kernel import make_step_into
+from lbm_jax import CellType, get_lattice, get_storage
+from lbm_jax.core._boundaries import BoundaryData
+from lbm_jax.core._collision import parse_collision
+from lbm_jax.step import _gpu
+from lbm_jax.step._xla import make_step_into
 
 from ._gpu_pairs import gpu_twin
 
@@ -157,7 +158,7 @@ def test_gpu_step_with_x_ghost_planes():
     model = parse_collision("trt", 0.7, 3 / 16)
     shape, half = (8, 6, 20), 4
     force = [np.float32(1e-5), np.float32(0.0), np.float32(-1e-5)]
-    sim = lbm_jax.Simulation("D3Q19", shape, tau=0.7, storage="fp16s", kernel="xla")
+    sim = lbm_jax.Simulation("D3Q19", shape, tau=0.7, storage="fp16s", backend="xla")
     f = sim.advance(sim.init(u=_flow(3)), 2).f
     aux = _Aux(BoundaryData(None, None, None, None), None)
     whole = make_step_into(lat, storage, model, shape, shape[0], force)
@@ -184,7 +185,7 @@ def test_gpu_step_with_the_smagorinsky_model(collision, storage):
         parse_collision(collision, 0.502, 3 / 16), smagorinsky=0.15
     )
     shape = (12, 40)
-    sim = lbm_jax.Simulation("D2Q9", shape, tau=0.502, storage=storage, kernel="xla")
+    sim = lbm_jax.Simulation("D2Q9", shape, tau=0.502, storage=storage, backend="xla")
     y = np.arange(shape[1]) / shape[1]
     u = np.zeros((2, *shape))
     u[0] = 0.08 * np.sin(2 * np.pi * y)[None]
@@ -223,9 +224,9 @@ def test_gpu_step_coverage():
 def test_gpu_kernel_refused_where_unavailable():
     if _gpu.available():
         pytest.skip("a GPU is present")
-    with pytest.raises(ValueError, match="kernel='gpu' is not available.*not a GPU"):
-        lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8, kernel="gpu")
-    assert lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8).kernel != "gpu"
+    with pytest.raises(ValueError, match="backend='gpu' is not available.*not a GPU"):
+        lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8, backend="gpu")
+    assert lbm_jax.Simulation("D2Q9", (8, 8), tau=0.8).backend != "gpu"
 
 
 def test_gpu_step_rejects_wrong_populations():

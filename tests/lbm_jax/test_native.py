@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax import _native, get_lattice, get_storage
-from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import equilibrium, parse_collision
-from lbm_jax._kernel import default_slab, make_step_into, to_layout
+from lbm_jax import get_lattice, get_storage
+from lbm_jax.core._boundaries import BoundaryData, CellType, build_boundary
+from lbm_jax.core._collision import equilibrium, parse_collision
+from lbm_jax.step import _native
+from lbm_jax.step._layout import default_slab, to_layout
+from lbm_jax.step._xla import make_step_into
 
 from ._native_env import native_skip_reason
 
@@ -197,9 +199,9 @@ def test_simulation_repr_names_the_kernel():
     from lbm_jax import Simulation
 
     sim = Simulation("D3Q19", (4, 16, 16), tau=0.6, storage="fp16s")
-    assert "kernel='native'" in repr(sim)
-    sim = Simulation("D3Q19", (4, 16, 16), tau=0.6, storage="fp16s", kernel="xla")
-    assert "kernel='xla'" in repr(sim)
+    assert "backend='native'" in repr(sim)
+    sim = Simulation("D3Q19", (4, 16, 16), tau=0.6, storage="fp16s", backend="xla")
+    assert "backend='xla'" in repr(sim)
 
 
 def test_native_step_constant_force_bit_identical():
@@ -258,23 +260,23 @@ def test_native_without_compiler_reports_reason(monkeypatch):
     assert _native.library_path() is None
 
 
-def test_simulation_kernel_choice_and_bad_input():
+def test_simulation_backend_choice_and_bad_input():
     from lbm_jax import Simulation
 
     shape = (8, 16, 16)
     u = np.full((3, *shape), 0.03)
     states = {}
-    for kernel, expected in (("auto", "native"), ("native", "native"), ("xla", "xla")):
-        sim = Simulation("D3Q19", shape, tau=0.6, storage="fp16s", kernel=kernel)
-        assert sim.kernel == expected
-        states[kernel] = np.asarray(sim.advance(sim.init(u=u), 5).f)
+    for backend, expected in (("auto", "native"), ("native", "native"), ("xla", "xla")):
+        sim = Simulation("D3Q19", shape, tau=0.6, storage="fp16s", backend=backend)
+        assert sim.backend == expected
+        states[backend] = np.asarray(sim.advance(sim.init(u=u), 5).f)
     _assert_bits_equal(states["auto"], states["xla"])
     _assert_bits_equal(states["native"], states["xla"])
     # uncovered configurations fall back under "auto" and are refused under "native"
-    assert Simulation("D3Q19", shape, tau=0.6, storage="posit16").kernel == "xla"
-    with pytest.raises(ValueError, match="kernel='native' is not available"):
-        Simulation("D3Q19", shape, tau=0.6, storage="posit16", kernel="native")
-    with pytest.raises(ValueError, match="kernel must be one of"):
-        Simulation("D3Q19", shape, tau=0.6, kernel="fast")
-    with pytest.raises(TypeError, match="kernel must be a str"):
-        Simulation("D3Q19", shape, tau=0.6, kernel=True)
+    assert Simulation("D3Q19", shape, tau=0.6, storage="posit16").backend == "xla"
+    with pytest.raises(ValueError, match="backend='native' is not available"):
+        Simulation("D3Q19", shape, tau=0.6, storage="posit16", backend="native")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Simulation("D3Q19", shape, tau=0.6, backend="fast")
+    with pytest.raises(TypeError, match="backend must be a str"):
+        Simulation("D3Q19", shape, tau=0.6, backend=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from lbm_jax import _native_build
+from lbm_jax.step import _native_build
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("native_worker.py")
@@ -52,7 +52,7 @@ def _worker(env: dict[str, str], *args: str) -> dict:
 
 
 def _assert_fell_back(out: dict, *fragments: str) -> None:
-    assert out["kernel"] == "xla" and "kernel='xla'" in out["repr"]
+    assert out["backend"] == "xla" and "backend='xla'" in out["repr"]
     assert out["finite"] and out["other_warnings"] == []
     assert len(out["native_warnings"]) == 1, out["native_warnings"]
     message = out["native_warnings"][0]

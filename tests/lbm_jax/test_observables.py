@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import CellType, Simulation, _kernel
-from lbm_jax._collision import direction_constants, equilibrium, moments
+from lbm_jax import CellType, Simulation
+from lbm_jax.core._collision import direction_constants, equilibrium, moments
+from lbm_jax.step import _layout
 
 
 @pytest.mark.parametrize("storage", ["fp32", "fp16s"])
@@ -254,7 +255,7 @@ def _assert_stored_close(sim, a, b):
 @pytest.fixture
 def small_slabs(monkeypatch):
     """Slabs of a few planes, so that tiny grids loop over several slabs."""
-    monkeypatch.setattr(_kernel, "SLAB_BYTES", 1000)
+    monkeypatch.setattr(_layout, "SLAB_BYTES", 1000)
 
 
 SLAB_CASES = [

@@ -1,6 +1,6 @@
 """In-place streaming: many steps over a single population buffer.
 
-The two-buffer kernel (:mod:`lbm_jax._kernel`) pulls from one buffer into another,
+The two-buffer kernel (:mod:`lbm_jax.step._xla`) pulls from one buffer into another,
 so a run holds two copies of the populations. A pull step only reads the planes
 ``x - 1``, ``x`` and ``x + 1`` to produce plane ``x``, so it can also run in place:
 walking the x-slabs in order, each slab copies its planes and its right neighbour
@@ -43,10 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import CollisionModel
-from lbm_jax._kernel import check_populations, make_pull, make_relax, slab_tiling
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.step._xla import check_populations, make_pull, make_relax, slab_tiling
 
 __all__ = ["Streaming", "make_advance_inplace", "parse_streaming"]
 
@@ -127,7 +127,7 @@ def make_advance_inplace(
         constant_force: Force components as scalars, or ``None``; used when
             ``aux.force`` is ``None``.
 
-    ``aux`` is the two-buffer kernel's (boundary arrays in kernel layout, force:
+    ``aux`` is the two-buffer kernel's (boundary arrays in population layout, force:
     ``None``, a ``(D,)`` vector or a ``(D, X, ...)`` field). ``f`` holds stored
     post-collision populations ``(X, Q, *rest)`` and is updated in place (donate
     it); ``steps`` is a traced int32 scalar. The result equals ``steps``

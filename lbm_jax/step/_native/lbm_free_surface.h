@@ -115,7 +115,7 @@ struct FreeSurfaceGrid {
     return fl == kFluid ? 1.0f : fl == kInterface ? fs[kPhi][c] : 0.0f;
   }
 
-  // The shifted equilibrium, as lbm_jax._collision.equilibrium orders it.
+  // The shifted equilibrium, as lbm_jax.core._collision.equilibrium orders it.
   static void equilibrium(float r, const float* u, float* feq) {
     float usq = 0.0f;
     for (int a = 0; a < D; ++a) usq = usq + u[a] * u[a];

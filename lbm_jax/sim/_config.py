@@ -4,7 +4,7 @@
 host (``ValueError`` or ``TypeError`` before anything is traced or compiled),
 chooses the step's implementation (the fused GPU step, the native CPU step or the
 XLA step; two buffers or in place) and builds the arrays the step reads: the
-boundary arrays in the kernel layout and a force field. The configuration is the
+boundary arrays in the population layout and a force field. The configuration is the
 static part of a simulation's pytree (:class:`SimulationConfig`), the arrays its
 leaves (:class:`StepArrays`).
 """
@@ -21,15 +21,11 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax import _gpu, _native
-from lbm_jax._boundaries import BoundaryData, CellType, build_boundary
-from lbm_jax._collision import CollisionModel, parse_collision
-from lbm_jax._decomp import Decomposition, decompose
-from lbm_jax._kernel import default_slab, make_step_into, to_layout
-from lbm_jax._kernel_inplace import Streaming, make_advance_inplace, parse_streaming
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy, get_storage
-from lbm_jax._validation import (
+from lbm_jax.core._boundaries import BoundaryData, CellType, build_boundary
+from lbm_jax.core._collision import CollisionModel, parse_collision
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy, get_storage
+from lbm_jax.core._validation import (
     check_cell_type,
     check_density,
     check_shape,
@@ -37,6 +33,11 @@ from lbm_jax._validation import (
     check_speed,
     vector_field,
 )
+from lbm_jax.sim._decomp import Decomposition, decompose
+from lbm_jax.step._backend import Backend
+from lbm_jax.step._layout import default_slab, to_layout
+from lbm_jax.step._plan import StepPlan, plan_step
+from lbm_jax.step._xla_inplace import Streaming, parse_streaming
 
 __all__ = ["SimulationConfig", "StepArrays", "configure", "host_force"]
 
@@ -44,7 +45,7 @@ __all__ = ["SimulationConfig", "StepArrays", "configure", "host_force"]
 class StepArrays(NamedTuple):
     """Arrays passed to the compiled step as arguments (not baked-in constants).
 
-    ``boundary`` arrays are in the kernel layout ``(X, Q, ...)``; ``force`` is a
+    ``boundary`` arrays are in the population layout ``(X, Q, ...)``; ``force`` is a
     ``(D, *shape)`` field, a ``(D,)`` vector (a per-call force) or ``None``.
     """
 
@@ -101,10 +102,8 @@ class SimulationConfig:
         wall_velocity: Velocity of the ``WALL`` cells, ``(D, *shape)`` float64.
         decomp: The domain decomposition, or ``None`` on one device.
         slab: x-planes per cache tile of the compiled step.
-        step_into: The two-buffer step ``step_into(aux, f, g[, halos])``.
-        kernel: Its implementation: ``"gpu"``, ``"native"`` or ``"xla"``.
+        plan: The step's backend and functions (:class:`lbm_jax.step.StepPlan`).
         streaming: How ``advance`` keeps the populations.
-        advance_inplace: The in-place multi-step loop, or ``None``.
     """
 
     lattice: Lattice
@@ -116,10 +115,8 @@ class SimulationConfig:
     wall_velocity: np.ndarray
     decomp: Decomposition | None
     slab: int
-    step_into: Any
-    kernel: str
+    plan: StepPlan
     streaming: Streaming
-    advance_inplace: Any
 
 
 def configure(
@@ -139,7 +136,7 @@ def configure(
     slab: int | None,
     devices: int | Sequence[int] | Mesh | None,
     streaming: str | Streaming,
-    kernel: str,
+    backend: str | Backend,
 ) -> tuple[SimulationConfig, StepArrays]:
     """A simulation's configuration and step arrays (on the host, not yet placed
     on the device mesh) from its parameters, every one validated; the parameters
@@ -170,8 +167,18 @@ def configure(
         slab = default_slab(lat, local, pol.compute_dtype.itemsize)
     slab = check_slab(slab, local[0])
     streaming = parse_streaming(streaming, 1 if decomp is None else decomp.mesh.size)
-    name, step_into, advance_inplace = _step_functions(
-        kernel, lat, pol, model, shape, ct, fvec, decomp, slab, streaming
+    plan = plan_step(
+        backend,
+        lat,
+        pol,
+        model,
+        shape,
+        local,
+        force=fvec,
+        boundaries=bool((ct != CellType.FLUID).any()),
+        split_yz=decomp is not None and any(s > 1 for s in decomp.splits[1:]),
+        slab=slab,
+        streaming=streaming,
     )
     config = SimulationConfig(
         lattice=lat,
@@ -183,10 +190,8 @@ def configure(
         wall_velocity=uw,
         decomp=decomp,
         slab=slab,
-        step_into=step_into,
-        kernel=name,
+        plan=plan,
         streaming=streaming,
-        advance_inplace=advance_inplace,
     )
     bnd = build_boundary(lat, pol, ct, uw, rb, ub)
     arrays = StepArrays(
@@ -196,83 +201,6 @@ def configure(
         else jnp.asarray(fvec.astype(pol.compute_dtype)),
     )
     return config, arrays
-
-
-def _step_functions(
-    kernel: str,
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    shape: tuple[int, ...],
-    cell_type: np.ndarray,
-    force: np.ndarray | None,
-    decomp: Decomposition | None,
-    slab: int,
-    streaming: Streaming,
-) -> tuple[str, Any, Any]:
-    """The step's implementation (``"gpu"``, ``"native"`` or ``"xla"``), its
-    two-buffer step and its in-place loop (``None`` unless streaming in place).
-
-    A constant ``(D,)`` force is compiled into the step; a field travels in
-    :class:`StepArrays`.
-    """
-    local = shape if decomp is None else decomp.local_shape
-    constant = force is not None and force.ndim == 1
-    kernel_force = (
-        [np.asarray(v, storage.compute_dtype) for v in force] if constant else None
-    )
-    kernel = _native.parse_kernel(kernel)  # any case, before either choice
-    split_yz = decomp is not None and any(s > 1 for s in decomp.splits[1:])
-    gpu = _select_gpu(kernel, lattice, storage, model, local, split_yz)
-    native = not gpu and _native.select(
-        kernel,
-        lattice,
-        storage,
-        model,
-        local,
-        split_across=split_yz,
-        force=force is not None,
-        boundaries=bool((cell_type != CellType.FLUID).any()),
-    )
-    if gpu:
-        step_factory = _gpu.make_gpu_step_into
-    else:
-        step_factory = _native.make_native_step_into if native else make_step_into
-    inplace_factory = _gpu.make_gpu_advance_inplace if gpu else make_advance_inplace
-    step_into = step_factory(lattice, storage, model, local, slab, kernel_force)
-    advance_inplace = (
-        inplace_factory(lattice, storage, model, shape, slab, kernel_force)
-        if streaming is Streaming.INPLACE
-        else None
-    )
-    return "gpu" if gpu else "native" if native else "xla", step_into, advance_inplace
-
-
-def _select_gpu(
-    kernel: str,
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    local: tuple[int, ...],
-    split_yz: bool,
-) -> bool:
-    """Whether a simulation runs the fused GPU step (``kernel`` "auto" or "gpu").
-
-    Raises:
-        ValueError: ``kernel="gpu"`` where the fused GPU step cannot run.
-    """
-    if kernel not in ("auto", "gpu"):
-        return False
-    ok = _gpu.supported(lattice, storage, model, local, split_yz=split_yz)
-    if kernel == "gpu" and not ok:
-        why = _gpu.unavailable_reason() or (
-            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT on grids split along x at most"
-        )
-        raise ValueError(
-            f"kernel='gpu' is not available for this simulation: {why}; use "
-            "kernel='auto' to fall back to the XLA step."
-        )
-    return ok
 
 
 def host_force(force: ArrayLike, d: int, shape: tuple[int, ...]) -> np.ndarray:

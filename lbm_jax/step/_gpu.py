@@ -1,6 +1,6 @@
 """The fused GPU step: one Pallas kernel per time step (pull, decode, collide, encode).
 
-On a GPU the XLA step of :mod:`lbm_jax._kernel` moves about a fifth of the memory
+On a GPU the XLA step of :mod:`lbm_jax.step._xla` moves about a fifth of the memory
 bandwidth a lattice Boltzmann step needs (its slab tiling is a CPU cache design,
 and XLA splits the step into several fusions that each pass over the grid). This
 module writes the step as one kernel, the way FluidX3D's ``stream_collide`` is
@@ -22,16 +22,7 @@ axes. Offsets are computed in 64 bits when an array passes 4 GiB.
 Streaming:
 
 * two buffers (``make_gpu_step_into``): pull from ``f`` into ``g``;
-* in place (``make_gpu_advance_inplace``): the esoteric-pull scheme (Lehmann
-  2022): on even steps a cell reads ``f_i`` from slot ``(x - c_i, i)`` and writes
-  its post-collision ``f_j`` to slot ``(x + c_j, opp(j))``; on odd steps it reads
-  ``f_i`` from its own slot ``opp(i)`` and writes ``f_j`` to its own slot ``j``.
-  Each cell writes exactly the slots it read, so one buffer suffices, and after
-  an even number of steps the layout is the standard one. An odd number of steps
-  starts with a permutation pass (slot ``(x, i)`` swapped with
-  ``(x + c_i, opp(i))``), which is exact. Non-fluid cells are left alone during
-  the steps (fluid cells take bounce-back sources from the slots those cells own
-  and equilibrium-cell populations from the fixed array) and restored at the end.
+* in place (:mod:`lbm_jax.step._gpu_inplace`): the esoteric-pull scheme.
 
 Both give the same per-cell arithmetic, in the XLA step's order of operations;
 the GPU's compiler may contract multiply-adds differently, so results agree with
@@ -42,44 +33,40 @@ streaming modes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from lbm_jax._collision import CollisionModel
-from lbm_jax._gpu_cells import Cells, collide_cells, encode_in_kernel, index, wrap
-from lbm_jax._kernel import x_ghost_planes
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.step._backend import Backend, Candidate
+from lbm_jax.step._gpu_cells import Cells, collide_cells, encode_in_kernel, index, wrap
+from lbm_jax.step._layout import x_ghost_planes
 
 __all__ = [
     "BLOCK",
     "Plan",
     "available",
-    "make_gpu_advance_inplace",
+    "candidate",
+    "quiet_lowering",
     "make_gpu_step_into",
     "pallas_modules",
     "program_cells",
     "result_type",
+    "call_kernel",
+    "kernel_operands",
     "run_kernel",
     "supported",
     "unavailable_reason",
+    "why_not",
 ]
-
-# jax 0.11 deprecates Pallas' Triton backend (in favour of Mosaic GPU, Hopper and
-# newer only) with a warning each time a kernel is lowered; it is the backend
-# this step is written for, and the warning says nothing its users can act on.
-warnings.filterwarnings(
-    "ignore",
-    message=r".*Pallas Triton backend is deprecated",
-    category=DeprecationWarning,
-)
 
 #: Most cells one program handles along the last grid axis (a power of two).
 BLOCK = 512
@@ -112,6 +99,33 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def why_not(
+    lattice: Lattice, shape: tuple[int, ...], *, split_yz: bool = False
+) -> str | None:
+    """Why the fused GPU step does not cover a configuration, or ``None`` when it
+    does (the device aside: see :func:`unavailable_reason`).
+
+    Covered: D2Q9, D3Q19 and D3Q27 with BGK or TRT collision (with or without
+    the Smagorinsky model), every storage policy (shifted or not), bounce-back,
+    moving walls, equilibrium cells, constant, per-call and field forces, grids
+    split along x (ghost planes exchanged as for the XLA step). Not covered:
+    grids split along y or z.
+
+    >>> from lbm_jax import get_lattice
+    >>> why_not(get_lattice("D3Q15"), (8, 8, 8))
+    'the fused GPU step covers D2Q9, D3Q19 and D3Q27 (got D3Q15)'
+    """
+    if lattice.name not in _LATTICES or lattice != get_lattice(lattice.name):
+        return f"the fused GPU step covers {', '.join(_LATTICES[:-1])} and " + (
+            f"{_LATTICES[-1]} (got {lattice.name})"
+        )
+    if len(shape) != lattice.d:
+        return f"the fused GPU step needs a {lattice.d}-D grid (got {len(shape)}-D)"
+    if split_yz:
+        return "the fused GPU step takes grids split along x only"
+    return None
+
+
 def supported(
     lattice: Lattice,
     storage: StoragePolicy,
@@ -121,13 +135,8 @@ def supported(
     split_yz: bool = False,
     interpret: bool = False,
 ) -> bool:
-    """Whether the fused GPU step covers a configuration.
-
-    Covered: D2Q9, D3Q19 and D3Q27 with BGK or TRT collision (with or without
-    the Smagorinsky model), every storage policy (shifted or not), bounce-back,
-    moving walls, equilibrium cells, constant, per-call and field forces, grids
-    split along x (ghost planes exchanged as for the XLA step). Not covered:
-    grids split along y or z.
+    """Whether the fused GPU step covers a configuration (:func:`why_not`) and
+    can run here.
 
     Args:
         lattice, storage, model: The configuration.
@@ -135,15 +144,37 @@ def supported(
         split_yz: Whether the grid is split along y or z.
         interpret: Check coverage only, for Pallas' interpret mode (tests).
     """
-    covered = (
-        lattice.name in _LATTICES
-        and lattice == get_lattice(lattice.name)
-        and len(shape) == lattice.d
-        and not split_yz
-    )
-    if not covered:
+    if why_not(lattice, shape, split_yz=split_yz) is not None:
         return False
     return not isinstance(pallas_modules(), str) if interpret else available()
+
+
+def candidate(
+    lattice: Lattice, shape: tuple[int, ...], *, split_yz: bool = False
+) -> Candidate:
+    """The fused GPU step's answer for a simulation (see
+    :func:`lbm_jax.step.choose`): :func:`why_not`; off a GPU ``"auto"`` passes
+    it over."""
+    why = why_not(lattice, shape, split_yz=split_yz)
+    return Candidate(Backend.GPU, why, unavailable_reason, None, available())
+
+
+#: jax 0.11 deprecates Pallas' Triton backend (in favour of Mosaic GPU, Hopper
+#: and newer only) with a warning each time a kernel is lowered.
+TRITON_DEPRECATION = r".*Pallas Triton backend is deprecated"
+
+
+@contextlib.contextmanager
+def quiet_lowering() -> Iterator[None]:
+    """Ignore :data:`TRITON_DEPRECATION` (only that warning) while a program with
+    these kernels is lowered: it is the backend this step is written for, and
+    the warning says nothing its users can act on. The filter is restored on
+    exit, so a user's warning settings stay theirs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=TRITON_DEPRECATION, category=DeprecationWarning
+        )
+        yield
 
 
 def _block(n: int) -> int:
@@ -246,7 +277,7 @@ def program_cells(plan: Plan, vma: tuple[str, ...] = ()) -> Cells:
     return Cells(pl, plan.shape, plan.block, interpret=plan.interpret, vma=vma)
 
 
-def _operands(aux: Any, halos: Any) -> dict[str, jax.Array]:
+def kernel_operands(aux: Any, halos: Any) -> dict[str, jax.Array]:
     """The optional operands of a call, by name (absent ones left out)."""
     ops = {}
     bnd = aux.boundary
@@ -273,7 +304,7 @@ def make_gpu_step_into(
     interpret: bool = False,
 ) -> Callable[..., jax.Array]:
     """Build ``step_into(aux, f, g, halos=None) -> g'``, the fused twin of
-    :func:`lbm_jax._kernel.make_step_into` (same arguments and contract).
+    :func:`lbm_jax.step._xla.make_step_into` (same arguments and contract).
 
     Args:
         lattice: Velocity set.
@@ -312,15 +343,15 @@ def make_gpu_step_into(
                 f"populations have shape {f.shape} and dtype {f.dtype}, expected "
                 f"{plan.full} and {storage.storage_dtype}."
             )
-        ops = _operands(aux, x_ghost_planes(halos, lattice.d, "fused GPU step"))
+        ops = kernel_operands(aux, x_ghost_planes(halos, lattice.d, "fused GPU step"))
         vma = _varying_axes(f)
         kernel = _pull_kernel(plan, tuple(ops), vma)
-        return _call(plan, kernel, [f, *ops.values()], g)
+        return call_kernel(plan, kernel, [f, *ops.values()], g)
 
     return step_into
 
 
-def _call(
+def call_kernel(
     plan: Plan,
     kernel: Callable[..., None],
     inputs: list[jax.Array],
@@ -433,156 +464,5 @@ def _pull_kernel(
                     fixed, plgpu.load(refs["fixed"].at[at], mask=mask, other=0), v
                 )
             plgpu.store(g_ref.at[at], v, mask=mask)
-
-    return kernel
-
-
-def make_gpu_advance_inplace(
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    shape: tuple[int, ...],
-    slab: int | None = None,
-    constant_force: list[np.ndarray] | None = None,
-    *,
-    interpret: bool = False,
-) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
-    """Build ``advance(aux, f, steps) -> f'``: ``steps`` steps in one buffer by
-    esoteric pull (see the module docstring); one device.
-
-    The arguments are those of :func:`make_gpu_step_into`. The result equals
-    ``steps`` steps of the two-buffer fused step bit for bit.
-    """
-    del slab
-    shape = tuple(int(s) for s in shape)
-    if not supported(lattice, storage, model, shape, interpret=True):
-        raise ValueError(
-            f"the fused GPU step does not cover {lattice.name} on {shape} with "
-            f"{storage}, {model.kind.value}; use make_advance_inplace."
-        )
-    plan = Plan(lattice, storage, model, shape, constant_force, interpret)
-
-    def advance(aux: Any, f: jax.Array, steps: jax.Array) -> jax.Array:
-        if f.shape != plan.full or f.dtype != storage.storage_dtype:
-            raise ValueError(
-                f"populations have shape {f.shape} and dtype {f.dtype}, expected "
-                f"{plan.full} and {storage.storage_dtype}."
-            )
-        ops = _operands(aux, None)
-        names = tuple(ops)
-        even = _esoteric_kernel(plan, names, odd=False)
-        odd = _esoteric_kernel(plan, names, odd=True)
-        swap = _swap_kernel(plan)
-
-        inputs = list(ops.values())
-
-        def pair(_: jax.Array, f: jax.Array) -> jax.Array:
-            f = _call(plan, even, inputs, f)
-            return _call(plan, odd, inputs, f)
-
-        # an odd count: permute to the odd-step layout, then one odd step
-        f = lax.cond(
-            steps % 2 == 1,
-            lambda f: _call(plan, odd, inputs, _call(plan, swap, [], f)),
-            lambda f: f,
-            f,
-        )
-        f = lax.fori_loop(0, steps // 2, pair, f)
-        bnd = aux.boundary
-        if bnd.fixed_mask is not None:  # non-fluid cells hold their values again
-            f = jnp.where(bnd.fixed_mask, bnd.fixed, f)
-        return f
-
-    return advance
-
-
-def _esoteric_kernel(
-    plan: Plan, names: tuple[str, ...], *, odd: bool
-) -> Callable[..., None]:
-    """One in-place esoteric-pull step (``odd``: from the swapped layout)."""
-    _, plgpu = pallas_modules()
-    st = plan.storage
-    opp = plan.lattice.opposite
-    nx = plan.shape[0]
-
-    def slot_in(cells: Cells, i: int) -> tuple:
-        """Where the cell finds pre-collision ``f_i``."""
-        if odd:
-            return index(cells.coords, int(opp[i]))
-        src = cells.shifted(plan.dirs[i], -1)
-        src[0] = wrap(src[0], nx)
-        return index(src, i)
-
-    def slot_out(cells: Cells, i: int) -> tuple:
-        """Where the cell leaves post-collision ``f_i``."""
-        if odd:
-            return index(cells.coords, i)
-        dst = cells.shifted(plan.dirs[i], 1)
-        dst[0] = wrap(dst[0], nx)
-        return index(dst, int(opp[i]))
-
-    def kernel(*refs):
-        *op_refs, f_ref, g_ref = refs  # f_ref and g_ref: the same buffer on a GPU
-        refs = dict(zip(names, op_refs, strict=True))
-        cells = program_cells(plan)
-        fixed = plan.fixed_at(refs, cells)
-        mask = cells.mask if fixed is None else cells.mask & ~fixed
-        fs = []
-        for i in range(plan.lattice.q):
-            v = plgpu.load(f_ref.at[slot_in(cells, i)], mask=mask, other=0)
-            if fixed is not None and any(plan.dirs[i]):
-                # a non-fluid upstream cell: its fixed populations
-                src = cells.shifted(plan.dirs[i], -1)
-                src[0] = wrap(src[0], nx)
-                held = plgpu.load(
-                    refs["fixed_mask"].at[index(src, 0)], mask=mask, other=False
-                )
-                v = jnp.where(
-                    held,
-                    plgpu.load(refs["fixed"].at[index(src, i)], mask=mask, other=0),
-                    v,
-                )
-            fs.append(st.decode(v))
-
-        def own(j: int) -> jax.Array:
-            # the cell's post-collision f_j of the previous step: in the slot it
-            # wrote last (a slot of the non-fluid neighbour, which never writes)
-            i = int(opp[j])
-            if odd:
-                src = cells.shifted(plan.dirs[i], -1)
-                src[0] = wrap(src[0], nx)
-                at = index(src, i)
-            else:
-                at = index(cells.coords, j)
-            return plgpu.load(f_ref.at[at], mask=mask, other=0)
-
-        cells.mask = mask
-        out = plan.finish(refs, cells, fs, own)
-        for i, v in enumerate(out):
-            plgpu.store(g_ref.at[slot_out(cells, i)], v, mask=mask)
-
-    return kernel
-
-
-def _swap_kernel(plan: Plan) -> Callable[..., None]:
-    """Swap slot ``(x, i)`` with ``(x + c_i, opp(i))`` for one direction of each
-    opposite pair: standard layout <-> the layout after an even esoteric step."""
-    _, plgpu = pallas_modules()
-    opp = plan.lattice.opposite
-    nx = plan.shape[0]
-    half = [i for i in range(plan.lattice.q) if i < int(opp[i])]
-
-    def kernel(f_ref, g_ref):  # the same buffer on a GPU
-        cells = program_cells(plan)
-        mask = cells.mask
-        for i in half:
-            dst = cells.shifted(plan.dirs[i], 1)
-            dst[0] = wrap(dst[0], nx)
-            here = index(cells.coords, i)
-            there = index(dst, int(opp[i]))
-            a = plgpu.load(f_ref.at[here], mask=mask, other=0)
-            b = plgpu.load(f_ref.at[there], mask=mask, other=0)
-            plgpu.store(g_ref.at[here], b, mask=mask)
-            plgpu.store(g_ref.at[there], a, mask=mask)
 
     return kernel

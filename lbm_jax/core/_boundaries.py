@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax._collision import equilibrium
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import equilibrium
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
 
 __all__ = ["BoundaryData", "CellType", "build_boundary", "link_mask"]
 

@@ -73,7 +73,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   // BGK or TRT with Guo forcing by the force density rho g, on cells
   // z .. z + width - 1 of the Q rows buf[i * n + z], in place; rho and u into
   // rho_t and u_t. The relaxation rates are the model's, or each cell's from
-  // the Smagorinsky model, as lbm_jax._collision.collide computes them.
+  // the Smagorinsky model, as lbm_jax.core._collision.collide computes them.
   template <class A, bool Force>
   void collide(float* buf, int n, int z, float* rho_t, float* u_t) const {
     using V = typename A::V;
@@ -466,7 +466,7 @@ struct FreeSurfaceStep : FreeSurfaceGrid<L, S> {
   }
 
   // Runs of x-planes the stream-collide pass splits the grid into (one per
-  // thread, at most one per plane); lbm_jax._native.free_surface_chunks.
+  // thread, at most one per plane); lbm_jax.step._native.free_surface_chunks.
   static int chunks(int64_t threads, int nx) {
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, nx)));
   }

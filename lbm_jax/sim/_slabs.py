@@ -3,13 +3,13 @@
 A D3Q19 state is 19 values per cell; its decoded (float32) copy is twice a 16-bit
 state, and a ``moveaxis`` of it another full copy. Every function here therefore
 walks over the grid in slabs of a few x-planes inside one compiled
-``lax.fori_loop``: it decodes one slab of the stored populations (kernel layout
+``lax.fori_loop``: it decodes one slab of the stored populations (population layout
 ``(X, Q, *rest)``), computes what it needs from it, and writes the slab's part of
 the output in place (or adds it to a running sum). A call holds the state, its
 output and one slab, never a decoded or transposed full-size copy:
 
 * :func:`init_state`: the (DDF-shifted, encoded) equilibrium written directly in
-  the kernel layout, slab by slab, so no float32 full-size temporary exists;
+  the population layout, slab by slab, so no float32 full-size temporary exists;
 * :func:`fields`: density and velocity; :func:`populations`: the decoded
   populations ``(Q, *shape)``; :func:`healthy`: the finite/positive density test;
 * :func:`link_sums`: the momentum-exchange sums over fluid-to-body links;
@@ -35,12 +35,12 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax._boundaries import CellType
-from lbm_jax._collision import direction_constants, equilibrium, moments
-from lbm_jax._decomp import Decomposition
-from lbm_jax._kernel import planes_per_slab
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._collision import direction_constants, equilibrium, moments
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.sim._decomp import Decomposition
+from lbm_jax.step._layout import planes_per_slab
 
 __all__ = [
     "Grid",
@@ -283,7 +283,7 @@ def link_sums(
 
     Args:
         sim: The simulation.
-        f: Stored populations, kernel layout.
+        f: Stored populations, population layout.
         cell_type: The ``int8`` cell-type grid.
         mask: Boolean grid of the body, or ``None`` for every ``SOLID`` and
             ``WALL`` cell.

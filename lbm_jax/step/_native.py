@@ -1,13 +1,13 @@
 """Native CPU steps through ``jax.ffi``: the fused plain step (stream, collide,
 encode in one pass) and the free-surface step.
 
-The XLA path of :mod:`lbm_jax._kernel` is the reference and the fallback. This
-module builds a small C++ library from two sources, ``lbm_jax/_native/lbm_step.cc``
+The XLA path of :mod:`lbm_jax.step._xla` is the reference and the fallback. This
+module builds a small C++ library from two sources, ``lbm_jax/step/_native/lbm_step.cc``
 (the plain step: the same step as the XLA path bit for bit, in one pass over
-memory) and ``lbm_jax/_native/lbm_free_surface.cc`` (the step of
+memory) and ``lbm_jax/step/_native/lbm_free_surface.cc`` (the step of
 :class:`lbm_jax.free_surface.FreeSurface`, equal to its XLA step to round-off; see
 :func:`make_native_free_surface_step`), sharing the codecs of
-``lbm_jax/_native/lbm_codecs.h``, and calls them from compiled JAX code as XLA FFI
+``lbm_jax/step/_native/lbm_codecs.h``, and calls them from compiled JAX code as XLA FFI
 custom calls. The plain step covers the configurations for which bit identity
 with the XLA path is established and tested (:func:`supported`), the
 free-surface step those of :func:`covered_free_surface`; every other
@@ -23,15 +23,15 @@ changes them fails the tests rather than the results.
 
 The library is compiled on first use with the system C++ compiler (``$CXX``, else
 ``c++``/``g++``/``clang++``) into a private per-user cache directory, or ahead of
-time with ``python -m lbm_jax build-native`` (see :mod:`lbm_jax._native_build`). It
+time with ``python -m lbm_jax build-native`` (see :mod:`lbm_jax.step._native_build`). It
 needs an x86-64 CPU with AVX2, FMA and F16C. Any failure (no compiler, a failing
 build, an unusable cache, another CPU, a library that does not load) leaves
 :func:`available` ``False`` with :func:`unavailable_reason` saying why; a
-simulation with ``kernel="auto"`` then runs the XLA step and warns once
+simulation with ``backend="auto"`` then runs the XLA step and warns once
 (:class:`NativeStepWarning`).
 
 >>> from lbm_jax import get_lattice, get_storage
->>> from lbm_jax._collision import parse_collision
+>>> from lbm_jax.core._collision import parse_collision
 >>> model = parse_collision("bgk", 0.8, 3 / 16)
 >>> supported(get_lattice("D3Q19"), get_storage("posit16"), model, (64, 64, 64))
 False
@@ -51,28 +51,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lbm_jax import _native_build
-from lbm_jax._collision import Collision, CollisionModel
-from lbm_jax._kernel import default_slab, make_step_into, x_ghost_planes
-from lbm_jax._lattice import Lattice, get_lattice
-from lbm_jax._native_build import LATTICES, NativeStepWarning, warn_fallback
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._collision import Collision, CollisionModel
+from lbm_jax.core._lattice import Lattice, get_lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.step import _native_build
+from lbm_jax.step._backend import Backend, Candidate
+from lbm_jax.step._layout import default_slab, x_ghost_planes
+from lbm_jax.step._native_build import LATTICES, NativeStepWarning, warn_fallback
+from lbm_jax.step._xla import make_step_into
 
 __all__ = [
-    "KERNELS",
     "MIN_PLANE_CELLS",
     "NativeStepWarning",
     "available",
+    "candidate",
     "covered_free_surface",
     "default_threads",
+    "free_surface_candidate",
     "library_path",
     "make_native_free_surface_step",
     "make_native_step_into",
-    "parse_kernel",
-    "select",
-    "select_free_surface",
     "supported",
     "unavailable_reason",
+    "why_not_step",
 ]
 
 #: storage short name -> suffix of the FFI target
@@ -171,7 +172,10 @@ def supported(
         ``True`` when the native step covers the configuration and the library
         is available (building it on first use); use the XLA step otherwise.
     """
-    return _covered(lattice, storage, model, shape, force, boundaries) and available()
+    why = why_not_step(
+        lattice, storage, model, shape, force=force, boundaries=boundaries
+    )
+    return why is None and available()
 
 
 def _needs(
@@ -190,71 +194,66 @@ def _needs(
             "FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage, DDF-shifted",
         ),
         (len(shape) == lattice.d, "a grid of the lattice's dimension"),
-        (jax.default_backend() == "cpu", "a CPU backend"),
+        (_on_cpu(), "a CPU backend"),
     )
 
 
-def _covered(
+def _missing(what: str, checks: tuple[tuple[bool, str], ...]) -> str | None:
+    """``"<what> needs a, b"`` for the unmet needs of ``(met, need)`` pairs, or
+    ``None`` when every one is met."""
+    missing = [need for met, need in checks if not met]
+    return f"{what} needs " + ", ".join(missing) if missing else None
+
+
+def why_not_step(
     lattice: Lattice,
     storage: StoragePolicy,
     model: CollisionModel,
     shape: tuple[int, ...],
-    force: bool,
-    boundaries: bool,
-) -> bool:
-    """The configuration part of :func:`supported` (the library aside)."""
-    return (
-        all(met for met, _ in _needs(lattice, storage, shape))
-        and model.kind is Collision.BGK
-        and model.smagorinsky == 0
-        and math.prod(shape[1:]) >= MIN_PLANE_CELLS
-        and not (lattice.d == 2 and force and boundaries and shape[-1] % 8)
+    *,
+    split_across: bool = False,
+    force: bool = False,
+    boundaries: bool = False,
+) -> str | None:
+    """Why the native step does not cover a configuration (every unmet need,
+    with what was given), or ``None`` when it does (the library aside: see
+    :func:`unavailable_reason`). Arguments as for :func:`supported`;
+    ``split_across``: whether the grid is split along y or z.
+
+    >>> from lbm_jax import get_lattice, get_storage
+    >>> from lbm_jax.core._collision import parse_collision
+    >>> trt = parse_collision("trt", 0.8, 3 / 16)
+    >>> why = why_not_step(get_lattice("D2Q9"), get_storage("fp32"), trt, (32, 32))
+    >>> print(why.replace(", ", ",\n"))
+    the native step needs BGK collision (got TRT),
+    at least 128 cells per x-plane (got 32)
+    """
+    plane = math.prod(shape[1:])
+    kind = model.kind.value.upper()
+    return _missing(
+        "the native step",
+        (
+            *_needs(lattice, storage, shape),
+            (model.kind is Collision.BGK, f"BGK collision (got {kind})"),
+            (model.smagorinsky == 0, "no Smagorinsky model"),
+            (
+                plane >= MIN_PLANE_CELLS,
+                f"at least {MIN_PLANE_CELLS} cells per x-plane (got {plane})",
+            ),
+            (not split_across, "a grid split along x only"),
+            (
+                not (lattice.d == 2 and force and boundaries and shape[-1] % 8),
+                "rows of a multiple of 8 cells with both a force and boundaries",
+            ),
+        ),
     )
 
 
-def _choose(kernel: str, why_not: str | None, what: str) -> bool:
-    """Whether a native step runs, for a parsed ``kernel`` ``"auto"`` or
-    ``"native"`` and ``why_not`` (why the step does not cover the configuration,
-    or ``None``): ``"auto"`` warns once where the library is unavailable
-    (:class:`NativeStepWarning`) and runs XLA; ``"native"`` raises ``ValueError``
-    saying why it cannot run ``what`` (a simulation, a free-surface model)."""
-    unavailable = unavailable_reason() if why_not is None else None
-    if kernel == "auto" and unavailable is not None:
-        warn_fallback(unavailable)
-    if kernel == "native" and (why_not or unavailable):
-        raise ValueError(
-            f"kernel='native' is not available for this {what}: "
-            f"{why_not or unavailable}; use kernel='auto' to fall back to the XLA "
-            "step."
-        )
-    return why_not is None and unavailable is None
+def _on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
 
 
-#: Values of ``Simulation(kernel=...)``.
-KERNELS = ("auto", "native", "gpu", "xla")
-
-
-def parse_kernel(kernel: str) -> str:
-    """``kernel`` checked and spelled as in :data:`KERNELS` (any case accepted,
-    as for ``collision`` and ``streaming``).
-
-    Raises:
-        ValueError: An unknown ``kernel``.
-        TypeError: A ``kernel`` that is not a string.
-
-    >>> parse_kernel(" XLA ")
-    'xla'
-    """
-    if not isinstance(kernel, str):
-        raise TypeError(f"kernel must be a str, one of {KERNELS}, got {kernel!r}.")
-    key = kernel.strip().lower()
-    if key not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}.")
-    return key
-
-
-def select(
-    kernel: str,
+def candidate(
     lattice: Lattice,
     storage: StoragePolicy,
     model: CollisionModel,
@@ -263,39 +262,28 @@ def select(
     split_across: bool,
     force: bool,
     boundaries: bool,
-) -> bool:
-    """Whether a simulation runs the native step (``True``) or the XLA step.
+) -> Candidate:
+    """The native step's answer for a simulation (see :func:`lbm_jax.step.choose`):
+    :func:`why_not_step`; where the library cannot be built ``"auto"`` warns once
+    (:class:`NativeStepWarning`) and runs the XLA step.
 
     Args:
-        kernel: ``"auto"`` (native where :func:`supported`, else XLA), ``"native"``
-            (required: ``ValueError`` when not supported) or ``"xla"``, any case.
         lattice, storage, model: The configuration.
         shape: A device's sub-domain.
         split_across: Whether the grid is split along y or z (the native step
             exchanges x ghost planes only).
         force, boundaries: As for :func:`supported`.
-
-    Raises:
-        ValueError: An unknown ``kernel``, or ``"native"`` for a configuration
-            the native step does not cover (the message says why).
-        TypeError: A ``kernel`` that is not a string.
     """
-    kernel = parse_kernel(kernel)
-    if kernel in ("xla", "gpu"):  # "gpu": see lbm_jax._gpu
-        return False
-    covered = not split_across and _covered(
-        lattice, storage, model, shape, force, boundaries
+    why = why_not_step(
+        lattice,
+        storage,
+        model,
+        shape,
+        split_across=split_across,
+        force=force,
+        boundaries=boundaries,
     )
-    why_not = (
-        None
-        if covered
-        else (
-            "the native step covers D2Q9/D3Q19/D3Q27 BGK with FP32/FP32, "
-            "FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage (DDF-shifted), at least "
-            f"{MIN_PLANE_CELLS} cells per x-plane, split along x only, on a CPU"
-        )
-    )
-    return _choose(kernel, why_not, "simulation")
+    return Candidate(Backend.NATIVE, why, unavailable_reason, warn_fallback, _on_cpu())
 
 
 def make_native_step_into(
@@ -309,7 +297,7 @@ def make_native_step_into(
     threads: int | None = None,
 ) -> Callable[..., jax.Array]:
     """Build ``step_into(aux, f, g, halos=None) -> g'``, the native twin of
-    :func:`lbm_jax._kernel.make_step_into`: same arguments, same contract, same
+    :func:`lbm_jax.step._xla.make_step_into`: same arguments, same contract, same
     bits, for the configurations :func:`supported` accepts.
 
     Args:
@@ -323,7 +311,7 @@ def make_native_step_into(
         threads: Threads per call; ``None``: every core the process may use,
             divided among the devices when the grid is split along x.
 
-    ``aux.boundary`` holds the boundary arrays in the kernel layout (any of
+    ``aux.boundary`` holds the boundary arrays in the population layout (any of
     them ``None``); a call whose ``aux.force`` is not ``None`` (a force field or a
     per-call vector, which the native step does not cover) runs the XLA step.
     ``halos`` is ``None`` or,
@@ -355,7 +343,7 @@ def make_native_step_into(
     force = np.zeros(lattice.d, np.float32)
     if forced:
         force = np.array([np.float32(v) for v in constant_force], np.float32)
-    # Guo's coefficients, rounded as lbm_jax._collision rounds them
+    # Guo's coefficients, rounded as lbm_jax.core._collision rounds them
     cp = np.float32(1 - 0.5 * model.omega_plus)
     cm = np.float32(1 - 0.5 * model.omega_minus)
     full = (shape[0], lattice.q, *shape[1:])
@@ -437,7 +425,7 @@ def covered_free_surface(
     devices: int,
 ) -> str | None:
     """Why the native free-surface step does not cover a configuration, or
-    ``None`` when it does (the library aside: see :func:`select_free_surface`).
+    ``None`` when it does (the library aside: see :func:`free_surface_candidate`).
 
     Covered: D2Q9, D3Q19 and D3Q27 (any collision: BGK or TRT, with or without
     a Smagorinsky model), FP32/FP32, FP32/FP16S, FP32/FP16C and FP32/bfloat16
@@ -450,37 +438,20 @@ def covered_free_surface(
         (min(shape) >= 3, "at least 3 cells per axis"),
         (math.prod(shape) < 2**31, "fewer than 2^31 cells"),
     )
-    missing = [need for ok, need in checks if not ok]
-    if not missing:
-        return None
-    return "the native free-surface step needs " + ", ".join(missing)
+    return _missing("the native free-surface step", checks)
 
 
-def select_free_surface(
-    kernel: str,
+def free_surface_candidate(
     lattice: Lattice,
     storage: StoragePolicy,
     shape: tuple[int, ...],
     devices: int,
-) -> bool:
-    """Whether a free-surface model runs the native step (``True``) or XLA's.
-
-    ``kernel`` is ``"auto"`` (native where :func:`covered_free_surface` and the
-    library is available; an unavailable library warns once,
-    :class:`NativeStepWarning`, and runs XLA), ``"native"`` or ``"xla"``
-    (``"gpu"``: not the native step; the model chooses the GPU step itself, see
-    :func:`lbm_jax.free_surface._gpu_step.covered`).
-
-    Raises:
-        ValueError: An unknown ``kernel``, or ``"native"`` for a configuration
-            the native step does not cover (saying why).
-        TypeError: A ``kernel`` that is not a string.
-    """
-    choice = parse_kernel(kernel)
-    if choice in ("xla", "gpu"):
-        return False
-    why_not = covered_free_surface(lattice, storage, shape, devices)
-    return _choose(choice, why_not, "free-surface model")
+) -> Candidate:
+    """The native free-surface step's answer (see :func:`lbm_jax.step.choose`):
+    :func:`covered_free_surface`; an unavailable library warns once under
+    ``"auto"`` (:class:`NativeStepWarning`)."""
+    why = covered_free_surface(lattice, storage, shape, devices)
+    return Candidate(Backend.NATIVE, why, unavailable_reason, warn_fallback, _on_cpu())
 
 
 def make_native_free_surface_step(
@@ -498,7 +469,7 @@ def make_native_free_surface_step(
 ) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
     """Build ``step(f, flags, mass, carry) -> (g, flags, mass, carry)``: one
     free-surface step (``_native/lbm_free_surface.cc``) on populations in the
-    kernel layout and grid-shaped ``int8`` flags and float32 mass and carry.
+    population layout and grid-shaped ``int8`` flags and float32 mass and carry.
 
     The step runs in place: every input aliases its result (XLA copies an
     input first where it is still needed afterwards, so inside a loop nothing
@@ -560,7 +531,7 @@ def make_native_free_surface_step(
         "omega_minus": np.float32(model.omega_minus),
         "tau": np.float32(model.tau),
         "magic": np.float32(model.magic),
-        # as lbm_jax._collision rounds it (0: no Smagorinsky model)
+        # as lbm_jax.core._collision rounds it (0: no Smagorinsky model)
         "smagorinsky_c2": np.float32(model.smagorinsky_c2),
         "trt": np.int64(model.kind is Collision.TRT),
         "passes": np.int64(smoothing),

@@ -4,8 +4,8 @@
 ``TypeError`` before anything is traced or compiled), derives the boundary arrays,
 and builds pure functions over an :class:`LBMState` pytree. It composes three
 parts: its validated configuration and step arrays
-(:mod:`lbm_jax._simulation_config`), its compiled step functions (here) and its
-read-outs (:mod:`lbm_jax._simulation_readout` around :mod:`lbm_jax._slabs`).
+(:mod:`lbm_jax.sim._config`), its compiled step functions (here) and its
+read-outs (:mod:`lbm_jax.sim._readout` around :mod:`lbm_jax.sim._slabs`).
 
 * ``sim.step(state, force=None) -> state``: one fused pull-streaming + collision
   step; pure and jit-able (use it inside your own ``jax.jit``/``lax.scan``, or in a
@@ -44,6 +44,7 @@ back continues bit-identically.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -53,21 +54,22 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 from jax.typing import ArrayLike
 
-from lbm_jax import _slabs
-from lbm_jax._collision import CollisionModel
-from lbm_jax._decomp import exchange
-from lbm_jax._kernel_inplace import Streaming
-from lbm_jax._lattice import Lattice
-from lbm_jax._simulation_config import SimulationConfig, StepArrays, configure
-from lbm_jax._simulation_readout import (
+from lbm_jax.core._collision import CollisionModel
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
+from lbm_jax.core._units import viscosity
+from lbm_jax.core._validation import check_steps
+from lbm_jax.sim import _slabs
+from lbm_jax.sim._config import SimulationConfig, StepArrays, configure
+from lbm_jax.sim._decomp import exchange
+from lbm_jax.sim._readout import (
     check_state,
     converted_populations,
     initial_populations,
     readout_force,
 )
-from lbm_jax._storage import StoragePolicy
-from lbm_jax._units import viscosity
-from lbm_jax._validation import check_steps
+from lbm_jax.step._backend import Backend, resolve_alias
+from lbm_jax.step._xla_inplace import Streaming
 
 __all__ = ["LBMState", "Simulation"]
 
@@ -132,19 +134,21 @@ class Simulation:
             faster, at present two-buffer everywhere (in-place measured a few
             percent slower on CPUs). Results are bit-identical; :meth:`step`
             always uses the two-buffer step.
-        kernel: The two-buffer step's implementation: ``"auto"`` (default)
-            runs a fused native CPU kernel (C++, compiled on first use, called
-            through ``jax.ffi``) where it covers the configuration (D2Q9,
-            D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16
-            storage, on a CPU, split along x at most), the XLA step
-            elsewhere, and on a GPU the fused GPU step (one Pallas kernel per
-            step, :mod:`lbm_jax._gpu`) where it covers the configuration
-            (D2Q9/D3Q19/D3Q27, BGK or TRT with or without the Smagorinsky
-            model, every storage, boundaries and forces, split along x at
-            most); ``"native"`` and ``"gpu"``
-            require theirs; ``"xla"`` never uses either. The native step is
+        backend: The step's implementation (:class:`lbm_jax.step.Backend`):
+            ``"auto"`` (default) runs, on a CPU, the fused native C++ step
+            (compiled on first use, called through ``jax.ffi``) where it covers
+            the configuration (D2Q9, D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S,
+            FP32/FP16C or FP32/bfloat16 storage, DDF-shifted, at least 128 cells
+            per x-plane, split along x at most), on a GPU the fused GPU step (one
+            Pallas kernel per step, :mod:`lbm_jax.step._gpu`: D2Q9/D3Q19/D3Q27,
+            BGK or TRT with or without the Smagorinsky model, every storage,
+            boundaries and forces, split along x at most), and the XLA step
+            elsewhere; ``"native"`` and ``"gpu"`` require theirs (``ValueError``
+            saying why not); ``"xla"`` runs the XLA step. The native step is
             bit-identical to the XLA step, the GPU step agrees to within
-            rounding; :attr:`kernel` says which runs.
+            rounding. :attr:`backend` says which runs, :attr:`backends` which
+            runs each kind of call and :attr:`backend_reason` why no faster one.
+        kernel: Deprecated alias of ``backend`` (a ``DeprecationWarning``).
 
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau`` too close to 1/2,
@@ -171,8 +175,10 @@ class Simulation:
         slab: int | None = None,
         devices: int | Sequence[int] | Mesh | None = None,
         streaming: str | Streaming = "auto",
-        kernel: str = "auto",
+        backend: str | Backend = "auto",
+        kernel: str | None = None,
     ) -> None:
+        backend = resolve_alias(backend, kernel)
         self._static, arrays = configure(
             lattice,
             shape,
@@ -189,7 +195,7 @@ class Simulation:
             slab=slab,
             devices=devices,
             streaming=streaming,
-            kernel=kernel,
+            backend=backend,
         )
         self._aux = self._place(arrays)
 
@@ -266,9 +272,44 @@ class Simulation:
         return 1 if decomp is None else decomp.mesh.size
 
     @property
+    def backend(self) -> str:
+        """The backend of :meth:`step`: ``"native"``, ``"gpu"`` or ``"xla"``."""
+        return self._static.plan.backend.value
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """The backend that runs each kind of call: ``"step"``, ``"step_force"``
+        (a step given a force per call: the native step runs the XLA step for
+        it) and ``"advance"`` (in-place streaming on the native backend runs the
+        XLA step's in-place loop)."""
+        plan = self._static.plan
+        return {
+            "step": plan.backend.value,
+            "step_force": plan.backend_with_force.value,
+            "advance": plan.backend_advance.value,
+        }
+
+    @property
+    def backend_requested(self) -> str:
+        """The backend this simulation was asked for (``"auto"`` unless named);
+        a :class:`~lbm_jax.free_surface.FreeSurface` on it asks for the same."""
+        return self._static.plan.requested.value
+
+    @property
+    def backend_reason(self) -> str | None:
+        """Why no faster backend runs this simulation (each candidate's reason),
+        or ``None`` when the fastest for this machine runs."""
+        return self._static.plan.why_not_faster
+
+    @property
     def kernel(self) -> str:
-        """Implementation of the step: ``"native"``, ``"gpu"`` or ``"xla"``."""
-        return self._static.kernel
+        """Deprecated alias of :attr:`backend`."""
+        warnings.warn(
+            "Simulation.kernel is deprecated; use Simulation.backend.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.backend
 
     @property
     def streaming(self) -> Streaming:
@@ -291,7 +332,7 @@ class Simulation:
         return (
             f"Simulation({self.lattice.name}, shape={self.shape}, tau={self.tau}, "
             f"storage={self.storage}, collision={self.collision.kind.value}, "
-            f"kernel={self.kernel!r})"
+            f"backend={self.backend!r})"
         )
 
     # -- state construction and read-out ----------------------------------------
@@ -397,7 +438,8 @@ class Simulation:
                 new value never recompiles); ``None`` uses the construction force.
         """
         self.check_state(state)
-        return self._step_jit(self, state, force)
+        with self._static.plan.lowering():
+            return self._step_jit(self, state, force)
 
     def _step_impl(self, state: LBMState, force: ArrayLike | None) -> LBMState:
         aux = self._aux_with(force)
@@ -442,7 +484,8 @@ class Simulation:
         else:
             steps = jnp.asarray(check_steps(steps), jnp.int32)
         self.check_state(state)
-        return self._advance_jit(self, state, steps, force)
+        with self._static.plan.lowering():
+            return self._advance_jit(self, state, steps, force)
 
     def _advance_impl(
         self, state: LBMState, steps: jax.Array, force: ArrayLike | None
@@ -479,16 +522,17 @@ class Simulation:
         """One step on this device's sub-domain (exchanging halos when split)."""
         decomp = self._static.decomp
         if decomp is None:
-            return self._static.step_into(aux, f, g)
-        return self._static.step_into(aux, f, g, exchange(f, decomp))
+            return self._static.plan.step_into(aux, f, g)
+        return self._static.plan.step_into(aux, f, g, exchange(f, decomp))
 
     def _local_advance(
         self, aux: StepArrays, f: jax.Array, steps: jax.Array
     ) -> jax.Array:
         """``steps`` steps: in place in ``f``, or two per loop iteration
         (f -> g -> f, no buffer swap)."""
-        if self._static.advance_inplace is not None:
-            return self._static.advance_inplace(aux, f, steps)
+        advance_inplace = self._static.plan.advance_inplace
+        if advance_inplace is not None:
+            return advance_inplace(aux, f, steps)
         g = jnp.zeros_like(f)
 
         def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._lattice import Lattice
-from lbm_jax._units import check_tau, viscosity
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._units import check_tau, viscosity
 
 __all__ = [
     "Collision",

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from lbm_jax._units import CS2
+from lbm_jax.core._units import CS2
 
 __all__ = ["Lattice", "get_lattice", "list_lattices"]
 

@@ -14,9 +14,9 @@ import jax
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._boundaries import CellType
-from lbm_jax._lattice import Lattice
-from lbm_jax._units import check_mach
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._units import check_mach
 
 __all__ = [
     "GRID_AXES",

@@ -3,7 +3,7 @@
 All functions are pure and jit-able; they read the state through its simulation,
 so they decode the storage format and undo the DDF shift and the Guo half-force.
 Values are in lattice units at time ``state.t``. Each is computed slab by slab
-inside one compiled loop (:mod:`lbm_jax._slabs`): a call holds the state and its
+inside one compiled loop (:mod:`lbm_jax.sim._slabs`): a call holds the state and its
 output, never a decoded full-precision copy of the state.
 """
 
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax._boundaries import CellType
-from lbm_jax._simulation import LBMState, Simulation
-from lbm_jax._slabs import curl, fields, link_sums, mesh_of
+from lbm_jax.core._boundaries import CellType
+from lbm_jax.sim._simulation import LBMState, Simulation
+from lbm_jax.sim._slabs import curl, fields, link_sums, mesh_of
 
 __all__ = ["density", "momentum_exchange_force", "velocity", "vorticity"]
 

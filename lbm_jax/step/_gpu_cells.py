@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lbm_jax._collision import (
+from lbm_jax.core._collision import (
     Collision,
     CollisionModel,
     force_factors,
     smagorinsky_rates_from,
 )
-from lbm_jax._lattice import Lattice
-from lbm_jax._storage import StoragePolicy
+from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._storage import StoragePolicy
 
 __all__ = [
     "Cells",
@@ -96,7 +96,7 @@ def collide_cells(
 ) -> list[jax.Array] | tuple[list[jax.Array], jax.Array, list[jax.Array]]:
     """Collision of one set of cells, one array per direction.
 
-    The operations and their order are those of :func:`lbm_jax._collision.collide`
+    The operations and their order are those of :func:`lbm_jax.core._collision.collide`
     (moments summed in direction order, ``1/rho`` then products, the shifted
     equilibrium ``w r poly + w (r - 1)``, the Smagorinsky model's per-cell rates),
     written per direction so a kernel keeps every value in registers.
@@ -174,7 +174,7 @@ def _smagorinsky_rates(
     lattice: Lattice, model: CollisionModel, neq: list[jax.Array], rho: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Per-cell ``(omega+, omega-)`` of the Smagorinsky model, as
-    :func:`lbm_jax._collision._smagorinsky_rates` computes them: the norm of the
+    :func:`lbm_jax.core._collision._smagorinsky_rates` computes them: the norm of the
     non-equilibrium momentum flux ``Pi_ab = sum_i c_ia c_ib neq_i`` sets an
     effective relaxation time."""
     c = lattice.c

@@ -1,6 +1,6 @@
 """A simulation's state construction and read-outs, with their input checks.
 
-The slab-wise, compiled work is :mod:`lbm_jax._slabs`'; here are the host-side
+The slab-wise, compiled work is :mod:`lbm_jax.sim._slabs`'; here are the host-side
 parts a :class:`~lbm_jax.Simulation` adds around it: the check that a state
 belongs to the simulation, the checked initial density and velocity, the
 force whose Guo half-force a read-out takes off, and a state re-encoded for
@@ -16,11 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from lbm_jax import _slabs
-from lbm_jax._collision import direction_constants
-from lbm_jax._kernel import to_layout
-from lbm_jax._simulation_config import StepArrays, host_force
-from lbm_jax._validation import check_density, check_speed, vector_field
+from lbm_jax.core._collision import direction_constants
+from lbm_jax.core._validation import check_density, check_speed, vector_field
+from lbm_jax.sim import _slabs
+from lbm_jax.sim._config import StepArrays, host_force
+from lbm_jax.step._layout import to_layout
 
 __all__ = [
     "Readable",
@@ -122,7 +122,7 @@ def initial_populations(
 
 
 def converted_populations(sim: Readable, source: Readable, f: jax.Array) -> jax.Array:
-    """``source``'s stored populations ``f`` in ``sim``'s storage (kernel layout):
+    """``source``'s stored populations ``f`` in ``sim``'s storage (population layout):
     decoded by ``source``'s format, shifted or unshifted as ``sim`` stores them,
     encoded by ``sim``'s format (one rounding). Same lattice and grid.
 

@@ -14,7 +14,7 @@ placed by :meth:`Decomposition.place` are global arrays whose blocks live on the
 processes that own them, and :func:`to_host` fetches any global array to NumPy on
 every process.
 
-The slab-wise read-outs (:mod:`lbm_jax._slabs`) build a decomposition from the
+The slab-wise read-outs (:mod:`lbm_jax.sim._slabs`) build a decomposition from the
 mesh an array or a simulation lives on (:meth:`Decomposition.from_mesh`); there
 ``mesh`` may be ``None`` (one device: :meth:`Decomposition.shard` runs a function
 as is and :meth:`Decomposition.ghost` wraps around periodically).
@@ -33,8 +33,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax._kernel import Halos
-from lbm_jax._validation import GRID_AXES, check_devices
+from lbm_jax.core._validation import GRID_AXES, check_devices
+from lbm_jax.step._layout import Halos
 
 __all__ = ["Decomposition", "decompose", "exchange", "halo_bytes", "to_host"]
 
@@ -83,7 +83,7 @@ class Decomposition:
     def grid_spec(self, lead: int = 0, inner: int = 1) -> PartitionSpec:
         """Spec of an array ``(*lead, X, *inner, *rest)``: split along the grid.
 
-        The kernel layout ``(X, Q, *rest)`` is ``lead=0, inner=1``; a
+        The population layout ``(X, Q, *rest)`` is ``lead=0, inner=1``; a
         ``(D, *shape)`` field is ``lead=1, inner=0``.
         """
         names = self.axis_names
@@ -171,13 +171,13 @@ def decompose(devices: object, shape: tuple[int, ...]) -> Decomposition | None:
     Args:
         devices: ``None``; an int (split x); a tuple of blocks per grid axis, such
             as ``(2, 2, 1)``; or a ``jax.sharding.Mesh`` with axes named ``"x"``,
-            ``"y"``, ``"z"`` (see :func:`lbm_jax._validation.check_devices`).
+            ``"y"``, ``"z"`` (see :func:`lbm_jax.core._validation.check_devices`).
             Ints and tuples use the first devices of ``jax.devices()`` (every
             process's, under ``jax.distributed``), x-major.
         shape: Global grid size.
 
     Raises:
-        ValueError, TypeError: As :func:`~lbm_jax._validation.check_devices`.
+        ValueError, TypeError: As :func:`~lbm_jax.core._validation.check_devices`.
     """
     splits = check_devices(devices, shape)
     if math.prod(splits) == 1:
@@ -199,12 +199,12 @@ def exchange(f: jax.Array, decomp: Decomposition) -> Halos:
     travel with the faces. Layers are sent in the storage format.
 
     Args:
-        f: This block's populations, kernel layout ``(X, Q, *rest)``.
+        f: This block's populations, population layout ``(X, Q, *rest)``.
         decomp: The decomposition.
 
     Returns:
         One entry per grid axis, ``None`` for an axis that is not split, else the
-        ``(low, high)`` layers :func:`lbm_jax._kernel.make_step_into` takes.
+        ``(low, high)`` layers :func:`lbm_jax.step._xla.make_step_into` takes.
     """
     d = len(decomp.splits)
     array_axis = (0, *range(2, d + 1))

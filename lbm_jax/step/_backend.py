@@ -1,0 +1,159 @@
+"""The step backends' one vocabulary and the one rule that chooses among them.
+
+A simulation (:class:`lbm_jax.Simulation`) and a free surface
+(:class:`lbm_jax.free_surface.FreeSurface`) each ask :func:`choose` which backend
+runs their step. Each backend module answers only "why not this configuration"
+(a reason, or ``None``) and "why not on this machine" (the library cannot be
+built, the default device is not a GPU); the preference order and the error
+messages live here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Candidate",
+    "Choice",
+    "choose",
+    "parse_backend",
+    "resolve_alias",
+]
+
+
+class Backend(enum.Enum):
+    """Which implementation runs a step.
+
+    ``AUTO`` picks the fastest backend that covers the configuration on this
+    machine (the fused GPU step on a GPU, the native C++ step on a CPU, else the
+    XLA step); ``XLA`` is the reference every other backend is tested against.
+    """
+
+    AUTO = "auto"
+    XLA = "xla"
+    NATIVE = "native"
+    GPU = "gpu"
+
+
+#: The names :func:`parse_backend` accepts, in the order a reader meets them.
+BACKENDS = tuple(b.value for b in Backend)
+
+
+def parse_backend(backend: str | Backend) -> Backend:
+    """``backend`` as a :class:`Backend` (a name in any case, or a member).
+
+    Raises:
+        ValueError: An unknown name (with the closest known name, if any).
+        TypeError: Neither a string nor a :class:`Backend`.
+
+    >>> parse_backend(" XLA ")
+    <Backend.XLA: 'xla'>
+    """
+    if isinstance(backend, Backend):
+        return backend
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, one of {BACKENDS}, got {backend!r}.")
+    key = backend.strip().lower()
+    if key not in BACKENDS:
+        close = difflib.get_close_matches(key, BACKENDS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.{hint}")
+    return Backend(key)
+
+
+def resolve_alias(backend: str | Backend, kernel: str | Backend | None) -> Backend:
+    """The backend asked for, from ``backend=`` or its deprecated alias
+    ``kernel=`` (a :class:`DeprecationWarning`; both given is an error).
+
+    Raises:
+        TypeError: Both ``backend`` (other than ``"auto"``) and ``kernel``.
+    """
+    if kernel is None:
+        return parse_backend(backend)
+    if parse_backend(backend) is not Backend.AUTO:
+        raise TypeError(
+            f"give the step's backend once: backend={backend!r} and the deprecated "
+            f"kernel={kernel!r} were both given; use backend= only."
+        )
+    warnings.warn(
+        "kernel= is deprecated and will be removed in the next release; use "
+        "backend= (same values: 'auto', 'xla', 'native', 'gpu').",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return parse_backend(kernel)
+
+
+class Candidate(NamedTuple):
+    """One fast backend's answer for a configuration.
+
+    Attributes:
+        backend: :attr:`Backend.GPU` or :attr:`Backend.NATIVE`.
+        why_not: Why it does not cover the configuration, or ``None``.
+        unavailable: Called only for a covered configuration (it may be costly,
+            e.g. build a library): why it cannot run on this machine, or ``None``.
+        on_fallback: Called with that reason when ``"auto"`` runs another
+            backend because this one is unavailable (e.g. a warning), or ``None``.
+        here: Whether this kind of backend runs on this machine's default device
+            at all (the GPU step off a GPU does not): ``"auto"`` passes over such
+            a candidate without a word.
+    """
+
+    backend: Backend
+    why_not: str | None
+    unavailable: Callable[[], str | None]
+    on_fallback: Callable[[str], None] | None = None
+    here: bool = True
+
+
+class Choice(NamedTuple):
+    """The backend that runs, and why no faster one does (``None``: it is the
+    fastest that can run here)."""
+
+    backend: Backend
+    why_not_faster: str | None
+
+
+def choose(asked: str | Backend, candidates: Sequence[Candidate], what: str) -> Choice:
+    """The backend that runs ``what`` (e.g. ``"simulation"``).
+
+    ``"auto"`` takes the first candidate (in the given order, fastest first) that
+    covers the configuration and can run here, else the XLA step; ``"gpu"`` and
+    ``"native"`` take theirs or raise; ``"xla"`` takes the XLA step.
+
+    Raises:
+        ValueError: A backend named explicitly that cannot run ``what`` (the
+            message says why and what to use instead), or an unknown name.
+        TypeError: A backend that is neither a string nor a :class:`Backend`.
+    """
+    backend = parse_backend(asked)
+    if backend is Backend.XLA:
+        return Choice(Backend.XLA, None)
+    if backend is not Backend.AUTO:
+        named = [c for c in candidates if c.backend is backend]
+        why = (
+            named[0].why_not or named[0].unavailable()
+            if named
+            else f"there is no {backend.value} step for a {what}"
+        )
+        if why:
+            raise ValueError(
+                f"backend={backend.value!r} is not available for this {what}: {why}; "
+                "use backend='auto' to run the fastest step that covers it."
+            )
+        return Choice(backend, None)
+    reasons = []
+    for cand in (c for c in candidates if c.here):
+        why = cand.why_not or cand.unavailable()
+        if why is None:
+            return Choice(cand.backend, None)
+        if cand.why_not is None and cand.on_fallback is not None:
+            cand.on_fallback(why)
+        reasons.append(f"{cand.backend.value}: {why}")
+    return Choice(Backend.XLA, "; ".join(reasons) or None)
