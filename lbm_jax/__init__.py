@@ -37,11 +37,12 @@ from lbm_jax._run import (
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._stop import relative_change, steady
 from lbm_jax._storage import StoragePolicy, get_storage, list_storages
-from lbm_jax._units import CS2, MAX_MACH, MIN_TAU
+from lbm_jax._units import CS2, MAX_MACH, MAX_SPEED, MIN_TAU
 
 __all__ = [
     "CS2",
     "MAX_MACH",
+    "MAX_SPEED",
     "MIN_TAU",
     "CellType",
     "Checkpoint",

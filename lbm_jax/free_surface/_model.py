@@ -59,7 +59,7 @@ from jax.typing import ArrayLike
 
 from lbm_jax import _native
 from lbm_jax._boundaries import CellType
-from lbm_jax._collision import CollisionModel, moments
+from lbm_jax._collision import CollisionModel, healthy_cells, moments
 from lbm_jax._pytree import pytree_attributes
 from lbm_jax._simulation import LBMState, Simulation
 from lbm_jax._validation import check_real
@@ -322,10 +322,11 @@ class FreeSurface:
         return hi + lo
 
     def healthy(self, state: FreeSurfaceState) -> jax.Array:
-        """Every liquid density finite and positive, every mass finite."""
-        rho, _ = self._moments(state)
+        """Every liquid density finite and positive and speed within the
+        lattice's stability limit, every mass finite."""
+        rho, j = self._moments(state)
         liquid = is_liquid(state.flags)
-        ok = jnp.where(liquid, jnp.isfinite(rho) & (rho > 0), True)
+        ok = jnp.where(liquid, healthy_cells(rho, j), True)
         return jnp.all(ok) & jnp.all(jnp.isfinite(state.mass))
 
     # -- the step -------------------------------------------------------------------
