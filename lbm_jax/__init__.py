@@ -27,6 +27,7 @@ from lbm_jax._observables import (
     velocity,
     vorticity,
 )
+from lbm_jax._outputs import FolderInUseError
 from lbm_jax._run import (
     InstabilityError,
     RunResult,
@@ -49,6 +50,7 @@ __all__ = [
     "Collision",
     "CollisionModel",
     "History",
+    "FolderInUseError",
     "InstabilityError",
     "LBMState",
     "ResumeError",

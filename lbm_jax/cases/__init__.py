@@ -211,7 +211,10 @@ def run_case(
             (steady cases stop early once converged).
         out_dir: If given, write ``fields.npz`` (``rho``, ``u`` and the case's time
             series or profiles), ``summary.json``, ``fields.vti`` and PNGs there.
-            An existing non-empty directory is refused unless ``overwrite``.
+            An existing non-empty directory is refused unless ``overwrite``. The
+            run holds the folder's lock throughout (one writer per folder), and
+            writes its outputs as a set: the previous files stay until every new
+            one is complete, so a failed write leaves them as they were.
         progress: Show a tqdm progress bar.
         overwrite: Allow writing into a non-empty ``out_dir``.
         checkpoint_every: Save the whole run (fluid state, sampled time series,
@@ -234,6 +237,8 @@ def run_case(
         lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints, or
             (with ``resume`` and without ``overwrite``) a finished run.
         lbm_jax.InstabilityError: If the run becomes unstable.
+        lbm_jax.FolderInUseError: At once, if another run writes to ``out_dir``.
+        OSError: If an output cannot be written (e.g. a full disk).
     """
     setup = prepare_case(
         case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
