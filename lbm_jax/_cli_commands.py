@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbm_jax._cli_parser import RUN_ARGUMENTS, flag_of, show_value
-from lbm_jax._outputs import FolderInUseError
+from lbm_jax._outputs import FolderInUseError, write_set
 from lbm_jax._run import InstabilityError
 
 if TYPE_CHECKING:
@@ -360,10 +360,19 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         results = [result]
     print(bench.format_table(results))
     if args.json is not None:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        _write_report(Path(args.json), report)
     return 0
+
+
+def _write_report(path: Path, report: dict) -> None:
+    """``bench --json``: the report written whole, or the previous file stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(folder: Path) -> list[Path]:
+        (folder / path.name).write_text(json.dumps(report, indent=2) + "\n")
+        return [folder / path.name]
+
+    write_set(path.parent, write)
 
 
 def build_native_command() -> int:
