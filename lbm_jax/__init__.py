@@ -15,6 +15,7 @@ from lbm_jax import bench, cases, free_surface, ibm
 from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
 from lbm_jax._io import load_state, save_state, write_vti, write_vtp
 from lbm_jax._loop import History
+from lbm_jax._outputs import FolderInUseError
 from lbm_jax._run import (
     InstabilityError,
     RunResult,
@@ -27,7 +28,7 @@ from lbm_jax.core._boundaries import CellType
 from lbm_jax.core._collision import Collision, CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice, list_lattices
 from lbm_jax.core._storage import StoragePolicy, get_storage, list_storages
-from lbm_jax.core._units import CS2, MAX_MACH, MIN_TAU
+from lbm_jax.core._units import CS2, MAX_MACH, MAX_SPEED, MIN_TAU
 from lbm_jax.sim._decomp import to_host
 from lbm_jax.sim._observables import (
     density,
@@ -42,12 +43,14 @@ from lbm_jax.step._xla_inplace import Streaming
 __all__ = [
     "CS2",
     "MAX_MACH",
+    "MAX_SPEED",
     "MIN_TAU",
     "CellType",
     "Checkpoint",
     "Collision",
     "CollisionModel",
     "History",
+    "FolderInUseError",
     "InstabilityError",
     "LBMState",
     "ResumeError",

@@ -57,7 +57,17 @@ decomposition of the box: ``2`` splits x over two devices, ``1x2x1`` splits y,
 ``2x2x1`` x and y over four (one entry per axis of the lattice).
 
 Every argument is validated before anything is compiled; invalid input exits with
-status 2 and a message that names the flag and says what to change. Unless
+status 2 and a message that names the flag and says what to change.
+
+Exit status: 0 when the command did what was asked; 1 when the run failed (it
+became unstable: the message names the step); 2 when the command could not do
+what was asked: invalid arguments, an output folder in use by another run (one
+writer per folder; the message names the holder), a damaged ``run.json``, a full
+disk or another file-system error, an interrupt (Ctrl-C). Each is one message on
+stderr; ``python -m lbm_jax --debug ...`` prints the traceback too. ``run``
+writes its final outputs as a set (into a temporary folder inside ``DIR``, then
+renamed into place), so a run that fails while writing leaves the previous
+run's outputs as they were and no partial file. Unless
 ``XLA_FLAGS`` is already set, the host platform is split into one device per CPU
 core.
 
@@ -75,11 +85,15 @@ if "XLA_FLAGS" not in os.environ:  # must precede JAX's backend initialisation
     )
 
 import sys  # noqa: E402
+import traceback  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from lbm_jax._cli_commands import (  # noqa: E402
+    EXPECTED_FAILURES,
     bench_command,
     build_native_command,
+    explain_failure,
     run_command,
 )
 from lbm_jax._cli_parser import build_parser  # noqa: E402
@@ -88,15 +102,28 @@ __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for invalid arguments)."""
+    """Entry point; returns the exit status (see the module's docstring).
+
+    Invalid arguments exit through the parser (status 2); every other failure
+    the command line expects is one message on stderr (with the traceback
+    before it under ``--debug``) and the status :func:`explain_failure` gives.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     command = parser.commands[args.command]  # its errors show its own usage
-    if args.command == "run":
-        return run_command(args, command)
-    if args.command == "build-native":
-        return build_native_command()
-    return bench_command(args, command)
+    try:
+        if args.command == "run":
+            return run_command(args, command)
+        if args.command == "build-native":
+            return build_native_command()
+        return bench_command(args, command)
+    except EXPECTED_FAILURES as err:
+        if args.debug:
+            traceback.print_exc()
+        out = getattr(args, "resume", None) or getattr(args, "out", None)
+        status, message = explain_failure(err, None if out is None else Path(out))
+        print(f"error: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

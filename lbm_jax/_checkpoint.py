@@ -6,10 +6,12 @@ arrays), the samples taken so far, the driver's step counter and the caller's
 ``metadata`` (e.g. the case options and :func:`code_version`). Each file is
 written atomically (temporary file, ``fsync``, rename), and only the newest
 ``keep`` files stay. With ``resume=True`` a run starts from the newest readable
-checkpoint in ``directory``: a truncated or corrupt newest file is skipped, with a
-warning, in favour of the previous one, and a checkpoint whose metadata differs
-from the caller's is refused. Since checkpoints hold the raw bits of every array,
-a resumed run continues exactly as an uninterrupted one would.
+checkpoint in ``directory``: an unreadable newest file (truncated, damaged, or
+in another checkpoint format) is skipped, with a warning, in favour of the
+previous one, and a checkpoint whose metadata differs from the caller's is
+refused. Since checkpoints hold the raw bits of every array, a resumed run
+continues exactly as an uninterrupted one would; a run asked for fewer steps
+than its checkpoints already hold is refused (:class:`ResumeError`).
 
 >>> import tempfile, lbm_jax
 >>> sim = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.8)
@@ -36,7 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lbm_jax._io import CorruptCheckpointError, load_state, read_metadata, save_state
+from lbm_jax._io import load_state, read_metadata, save_state
 from lbm_jax.core._validation import check_int
 
 __all__ = ["Checkpoint", "ResumeError", "check_same", "code_version"]
@@ -136,7 +138,7 @@ class Checkpoint:
         for path in reversed(self.files()):
             try:
                 return dict(read_metadata(path)["run"])
-            except (CorruptCheckpointError, KeyError):
+            except (KeyError, TypeError, ValueError):  # unreadable, any kind
                 continue
         return None
 
@@ -153,6 +155,10 @@ class Checkpoint:
             expect: Entries the driver's record must hold (e.g. the sampling
                 interval), checked before anything is loaded.
 
+        A checkpoint that cannot be read for any reason (truncated, damaged,
+        another checkpoint format, arrays that do not fit ``template``) is
+        skipped with a ``RuntimeWarning`` in favour of the previous one.
+
         Raises:
             ResumeError: If a checkpoint's metadata differs from ``metadata`` or
                 ``expect``, or if every checkpoint file is unreadable.
@@ -166,7 +172,9 @@ class Checkpoint:
                 record = meta["run"]
                 check_same(source, {k: record.get(k) for k in expect or {}}, expect)
                 tree, _ = load_state(path, like=template(record))
-            except CorruptCheckpointError as err:
+            except ResumeError:
+                raise
+            except (ValueError, KeyError, TypeError) as err:  # unreadable, any kind
                 warnings.warn(
                     f"Skipping checkpoint {path.name}: {err}. Trying an older one.",
                     RuntimeWarning,

@@ -22,17 +22,57 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbm_jax._cli_parser import RUN_ARGUMENTS, flag_of, show_value
+from lbm_jax._outputs import FolderInUseError, write_set
+from lbm_jax._run import InstabilityError
 
 if TYPE_CHECKING:
     from lbm_jax.cases import CaseResult
 
 __all__ = [
+    "EXPECTED_FAILURES",
     "as_flags",
     "bench_command",
     "build_native_command",
+    "explain_failure",
     "run_command",
     "short_summary",
 ]
+
+#: What a command may raise that is no fault of the program (beyond the invalid
+#: arguments its parser refuses): :func:`explain_failure` says what happened.
+EXPECTED_FAILURES = (InstabilityError, FolderInUseError, OSError, KeyboardInterrupt)
+
+
+def explain_failure(err: BaseException, out: Path | None) -> tuple[int, str]:
+    """The exit status and the one message of an expected failure.
+
+    Args:
+        err: One of :data:`EXPECTED_FAILURES`.
+        out: The run's output folder, if the command has one.
+
+    Returns:
+        ``(1, message)`` for a failed run (an instability), ``(2, message)`` for
+        a command that could not do what was asked (a folder in use, a full disk
+        or another file-system error, an interrupt).
+    """
+    if isinstance(err, InstabilityError):
+        return 1, str(err)
+    resume = ""
+    if out is not None and any(out.glob("checkpoints/step_*.npz")):
+        resume = (
+            " The run continues from its newest checkpoint with: python -m lbm_jax "
+            f"run --resume {out}"
+        )
+    if isinstance(err, KeyboardInterrupt):
+        return 2, "interrupted." + resume
+    if isinstance(err, OSError):
+        where = "" if err.filename is None else f" ({err.filename})"
+        return 2, (
+            f"{err.strerror or err}{where}. No file was left half-written: the "
+            "outputs of a previous run stay as they were; free space (or make the "
+            "folder writable) and run again." + resume
+        )
+    return 2, str(err)
 
 
 def as_flags(message: str) -> str:
@@ -121,7 +161,8 @@ def _run_arguments(
     With ``--resume DIR`` they come from ``DIR/run.json``; options given on the
     command line as well must agree with them (``run_case`` checks).
     """
-    from lbm_jax.cases import CLI_OPTIONS, RUN_FILE
+    from lbm_jax._checkpoint import ResumeError
+    from lbm_jax.cases import CLI_OPTIONS, read_run_record
 
     given = {
         name: getattr(args, name)
@@ -141,12 +182,9 @@ def _run_arguments(
     if args.out is not None and Path(args.out).resolve() != out.resolve():
         parser.error("--out must name the --resume directory, or be left out.")
     try:
-        stored = json.loads((out / RUN_FILE).read_text())
-    except (OSError, ValueError) as err:
-        parser.error(
-            f"--resume {str(out)!r}: no readable {RUN_FILE} ({err}); start a "
-            "checkpointed run with --checkpoint-every N --out DIR."
-        )
+        stored = read_run_record(out)
+    except ResumeError as err:
+        parser.error(f"--resume: {err}")
     if args.case is not None and args.case != stored["case"]:
         parser.error(
             f"--resume {str(out)!r} holds a {stored['case']!r} run, not {args.case!r}."
@@ -322,10 +360,19 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         results = [result]
     print(bench.format_table(results))
     if args.json is not None:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        _write_report(Path(args.json), report)
     return 0
+
+
+def _write_report(path: Path, report: dict) -> None:
+    """``bench --json``: the report written whole, or the previous file stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(folder: Path) -> list[Path]:
+        (folder / path.name).write_text(json.dumps(report, indent=2) + "\n")
+        return [folder / path.name]
+
+    write_set(path.parent, write)
 
 
 def build_native_command() -> int:

@@ -88,6 +88,11 @@ def build_parser() -> Parser:
         prog="python -m lbm_jax",
         description="Lattice Boltzmann validation cases and benchmarks.",
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print the traceback of an error as well as its message",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = _add_run(sub)
     _add_run_outputs(run)

@@ -36,6 +36,7 @@ import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. as NumPy dtype names)
 import numpy as np
 
+from lbm_jax._outputs import fsync_directory
 from lbm_jax._transfer import (
     bits,
     bits_dtype,
@@ -59,7 +60,8 @@ _FORMAT = "lbm_jax.checkpoint/1"
 
 
 class CorruptCheckpointError(ValueError):
-    """A checkpoint file cannot be read (truncated, or its bytes damaged)."""
+    """A checkpoint file cannot be read (truncated, its bytes damaged, or written
+    in another checkpoint format)."""
 
 
 def _key_name(key_path: tuple[Any, ...]) -> str:
@@ -125,9 +127,19 @@ def save_state(
         ) from err
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    # the layout of numpy.savez (an uncompressed zip of .npy files), written one
-    # slab at a time: no leaf is ever copied to the host whole
-    with open(tmp, "wb") as fh:
+    try:
+        _write_leaves(tmp, leaves, header)
+        os.replace(tmp, path)
+    finally:  # a failed save (a full disk, say) leaves no partial file behind
+        tmp.unlink(missing_ok=True)
+    fsync_directory(path.parent)
+
+
+def _write_leaves(path: Path, leaves: list[Any], header: str) -> None:
+    """The checkpoint file: the layout of ``numpy.savez`` (an uncompressed zip of
+    ``.npy`` files), written one slab at a time, so that no leaf is ever copied
+    to the host whole; flushed to disk before it returns."""
+    with open(path, "wb") as fh:
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for i, leaf in enumerate(leaves):
                 write_npy(
@@ -141,20 +153,6 @@ def save_state(
             write_npy(zf, "header", raw.dtype, raw.shape, [raw])
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (where the platform allows it)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. directories cannot be opened on Windows
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -180,20 +178,27 @@ def _header(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as data:
             if "header" not in data.files:
-                raise ValueError(
+                raise CorruptCheckpointError(
                     f"{str(path)!r} is not an lbm_jax checkpoint (no header); write "
                     "checkpoints with lbm_jax.save_state."
                 )
             header = json.loads(data["header"].tobytes().decode("utf-8"))
-    except (OSError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+    except (OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as err:
         raise CorruptCheckpointError(
             f"{str(path)!r} is not a readable checkpoint ({type(err).__name__}: "
             f"{err}); it may have been truncated."
         ) from err
-    if header.get("format") != _FORMAT:
-        raise ValueError(
-            f"{str(path)!r} has checkpoint format {header.get('format')!r}, "
-            f"expected {_FORMAT!r}."
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        found = header.get("format") if isinstance(header, dict) else None
+        raise CorruptCheckpointError(
+            f"{str(path)!r} has checkpoint format {found!r}, expected "
+            f"{_FORMAT!r}; it was written by another version of lbm_jax."
+        )
+    missing = sorted({"treedef", "leaves", "metadata"} - set(header))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{str(path)!r} is not a readable checkpoint: its header lacks "
+            f"{', '.join(missing)}; it may have been damaged."
         )
     return header
 

@@ -71,8 +71,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from lbm_jax._checkpoint import Checkpoint
+from lbm_jax._checkpoint import Checkpoint, ResumeError
 from lbm_jax._loop import History, Plan, run_chunk, split
+from lbm_jax.core._units import CS, MAX_SPEED
 from lbm_jax.core._validation import check_int, check_steps, renamed_keyword
 from lbm_jax.sim._simulation import LBMState, Simulation
 
@@ -86,8 +87,16 @@ __all__ = [
 ]
 
 
+#: What a fluid's failed health check means (:meth:`lbm_jax.Simulation.healthy`).
+_FLUID_FAILURE = (
+    "the density is non-finite or non-positive, or a speed exceeds the lattice's "
+    f"stability limit |u| = {MAX_SPEED:.3g} (Mach {MAX_SPEED / CS:.3g})"
+)
+
+
 class InstabilityError(RuntimeError):
-    """A run failed its health check (for a fluid: non-finite or non-positive density).
+    """A run failed its health check (for a fluid: a non-finite or non-positive
+    density, or a speed beyond the lattice's stability limit).
 
     Attributes:
         step: Time step at which the failed health check ran.
@@ -101,7 +110,7 @@ class InstabilityError(RuntimeError):
         step: int,
         last_good_step: int,
         state: Any,
-        reason: str = "the density is non-finite or non-positive",
+        reason: str = _FLUID_FAILURE,
     ) -> None:
         self.step = step
         self.last_good_step = last_good_step
@@ -238,7 +247,9 @@ def run(
         checkpoint: A :class:`~lbm_jax.Checkpoint`: save the state, the samples
             and the step counter every ``checkpoint.every`` steps (and at the
             end), and resume from the newest readable checkpoint. A resumed run
-            continues bit for bit; ``steps`` still counts from the original start.
+            continues bit for bit; ``steps`` still counts from the original start
+            (a checkpoint past it is refused: a run never returns a later state
+            than asked for).
         every: Deprecated alias of ``callback_every`` (it warns; removed in the
             next release).
 
@@ -249,6 +260,8 @@ def run(
 
     Raises:
         InstabilityError: If a health check fails; ``err.step`` names the step.
+        lbm_jax.ResumeError: If ``checkpoint`` resumes a run that is past
+            ``steps`` already, or from checkpoints of another run.
         ValueError, TypeError: Invalid arguments (raised before compiling), among
             them ``callback_every`` given together with its alias ``every``.
     """
@@ -285,7 +298,7 @@ def run(
     cells = sum(s.num_cells for s in _fluid_states(state)) or None
     now = _Progress.start(state, observe, plan.window)
     if checkpoint is not None and checkpoint.resume:
-        now.resume(checkpoint, plan)
+        now.resume(checkpoint, plan, steps)
     if now.done >= steps or now.stopped:
         return now.result(plan, cells, 0.0, 0.0)
 
@@ -352,7 +365,7 @@ def _plan(
 
     if sim is not None:
         step = sim
-        reason = "the density is non-finite or non-positive"
+        reason = _FLUID_FAILURE
     else:
         reason = "a floating-point value of the state is non-finite"
     if healthy is None:
@@ -416,8 +429,12 @@ class _Progress:
             )
         return cls(state, buffer, int(fluids[0].t) if fluids else 0)
 
-    def resume(self, checkpoint: Checkpoint, plan: Plan) -> None:
-        """Continue from the newest readable checkpoint, if there is one."""
+    def resume(self, checkpoint: Checkpoint, plan: Plan, steps: int) -> None:
+        """Continue from the newest readable checkpoint, if there is one.
+
+        Raises:
+            ResumeError: If that checkpoint is past ``steps``, the run's length.
+        """
         restored = checkpoint.restore(
             lambda record: _saved_tree(self.state, self.buffer, [], record["count"]),
             expect={"sample_every": plan.sample_every},
@@ -425,6 +442,13 @@ class _Progress:
         if restored is None:
             return
         tree, record = restored
+        if record["done"] > steps:
+            raise ResumeError(
+                f"The checkpoints in {str(checkpoint.directory)!r} are of a run at "
+                f"step {record['done']}, past the {steps} steps asked for; ask for "
+                f"at least {record['done']} steps, or start afresh in another "
+                "directory (or with Checkpoint(..., resume=False))."
+            )
         self.state = tree["state"]
         self.done, self.count, self.t0 = record["done"], record["count"], record["t0"]
         self.stopped, self.resumed_from = record["stopped"], self.done

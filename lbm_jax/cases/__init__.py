@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from lbm_jax._checkpoint import Checkpoint, ResumeError, check_same, code_version
+from lbm_jax._outputs import folder_lock, is_empty, write_set
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CASE_INFO, CLI_OPTIONS, CaseInfo, CaseSetup, CliOption
 
@@ -60,6 +61,7 @@ __all__ = [
     "case_defaults",
     "make_out_dir",
     "prepare_case",
+    "read_run_record",
     "run_case",
 ]
 
@@ -164,18 +166,18 @@ def make_out_dir(path: Path, flag: str = "out_dir") -> Path:
     return path
 
 
-def _check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool) -> Path:
-    """``out_dir`` checked to be usable and created (nothing is run yet)."""
+def _check_out_dir(out_dir: str | os.PathLike[str], *, needs_record: bool) -> Path:
+    """``out_dir`` checked to be usable and created (nothing is run yet); with
+    ``needs_record``, it must hold a checkpointed run (a :data:`RUN_FILE`)."""
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(
             f"out_dir {str(path)!r} exists and is not a directory; choose a new path."
         )
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
+    if needs_record and not (path / RUN_FILE).is_file():
         raise ValueError(
-            f"out_dir {str(path)!r} already exists and is not empty; choose a new "
-            "directory or pass overwrite=True (--overwrite) to replace the files "
-            "this case writes."
+            f"{str(path)!r} holds no checkpointed run to resume ({RUN_FILE} is "
+            "missing); start one with checkpoint_every (--checkpoint-every)."
         )
     return make_out_dir(path)
 
@@ -209,7 +211,10 @@ def run_case(
             (steady cases stop early once converged).
         out_dir: If given, write ``fields.npz`` (``rho``, ``u`` and the case's time
             series or profiles), ``summary.json``, ``fields.vti`` and PNGs there.
-            An existing non-empty directory is refused unless ``overwrite``.
+            An existing non-empty directory is refused unless ``overwrite``. The
+            run holds the folder's lock throughout (one writer per folder), and
+            writes its outputs as a set: the previous files stay until every new
+            one is complete, so a failed write leaves them as they were.
         progress: Show a tqdm progress bar.
         overwrite: Allow writing into a non-empty ``out_dir``.
         checkpoint_every: Save the whole run (fluid state, sampled time series,
@@ -232,39 +237,100 @@ def run_case(
         lbm_jax.ResumeError: If ``out_dir`` holds another run's checkpoints, or
             (with ``resume`` and without ``overwrite``) a finished run.
         lbm_jax.InstabilityError: If the run becomes unstable.
+        lbm_jax.FolderInUseError: At once, if another run writes to ``out_dir``.
+        OSError: If an output cannot be written (e.g. a full disk).
     """
     setup = prepare_case(
         case, n=n, re=re, storage=storage, shift=shift, steps=steps, **case_options
     )
-    checkpoint = None
-    if checkpoint_every is not None or resume:
-        if out_dir is None:
+    checkpointed = checkpoint_every is not None or resume
+    if out_dir is None:
+        if checkpointed:
             raise ValueError(
                 "checkpoint_every and resume need out_dir: the checkpoints live in "
                 "out_dir/checkpoints."
             )
-        # The shift as resolved, so that runs started with shift=True resume.
-        arguments = {"n": n, "re": re, "storage": storage}
-        arguments.update(shift=setup.storage.shift)
-        arguments.update(steps=steps, **case_options)
-        checkpoint = _checkpoint_policy(
-            Path(out_dir), case, arguments, setup, checkpoint_every, resume, overwrite
-        )
-        out_path = Path(out_dir)
-        if resume and not overwrite:
-            _refuse_finished(out_path, checkpoint, setup.steps)
-    else:
-        out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
+        return _run(setup, None, progress)
+    out = _check_out_dir(out_dir, needs_record=resume and checkpoint_every is None)
+    with folder_lock(out):  # one writer at a time, refused at once
+        if not resume and not overwrite and not is_empty(out):
+            raise ValueError(
+                f"out_dir {str(out)!r} already exists and is not empty; choose a new "
+                "directory or pass overwrite=True (--overwrite) to replace the "
+                "files this case writes."
+            )
+        checkpoint = None
+        if checkpointed:
+            # The shift as resolved, so that runs started with shift=True resume.
+            arguments = {"n": n, "re": re, "storage": storage}
+            arguments.update(shift=setup.storage.shift)
+            arguments.update(steps=steps, **case_options)
+            checkpoint = _checkpoint_policy(
+                out, case, arguments, setup, checkpoint_every, resume
+            )
+            if resume and not overwrite:
+                _refuse_finished(out, checkpoint, setup.steps)
+        return _run(setup, checkpoint, progress, out)
+
+
+def _run(
+    setup: CaseSetup,
+    checkpoint: Checkpoint | None,
+    progress: bool,
+    out: Path | None = None,
+) -> CaseResult:
+    """Run a prepared case and write its outputs to ``out`` (if given), as a set:
+    the previous files stay until every new one is complete."""
     metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
     summary = _common.jsonable({**setup.summary(), "warnings": [], **metrics})
     files: tuple[Path, ...] = ()
-    if out_path is not None:
-        files = _write(out_path, summary, fields, extras, setup)
+    if out is not None:
+        files = write_set(
+            out,
+            lambda staging: _write(staging, summary, fields, extras, setup),
+            last="summary.json",  # a finished run's mark (see _refuse_finished)
+        )
     return CaseResult(summary=summary, fields=fields, files=files)
 
 
 #: The file in a checkpointed run's directory that records how it was started.
 RUN_FILE = "run.json"
+
+#: The entries of :data:`RUN_FILE` and their types.
+_RUN_RECORD = {
+    "case": str,
+    "arguments": dict,
+    "checkpoint_every": int,
+    "identity": dict,
+}
+
+
+def read_run_record(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """How the checkpointed run in ``out_dir`` was started (its :data:`RUN_FILE`):
+    ``case``, ``arguments`` (of :func:`run_case`), ``checkpoint_every`` and
+    ``identity`` (what a resumed run must match).
+
+    Raises:
+        lbm_jax.ResumeError: If the file is missing, unreadable or damaged (not
+            JSON, an entry missing or of the wrong type, an unknown case).
+    """
+    path = Path(out_dir) / RUN_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ResumeError(
+            f"{str(Path(out_dir))!r} has no readable {RUN_FILE} ({err}); start a "
+            "checkpointed run with checkpoint_every (--checkpoint-every N)."
+        ) from None
+    record = record if isinstance(record, dict) else {}
+    damaged = [k for k, t in _RUN_RECORD.items() if not isinstance(record.get(k), t)]
+    if damaged or record["case"] not in CASE_INFO:
+        what = f"lacks {', '.join(damaged)}" if damaged else "names an unknown case"
+        raise ResumeError(
+            f"{str(path)!r} is damaged (it {what}), so the run cannot resume; "
+            "restore the file, or start the run afresh in a new directory."
+        )
+    return record
 
 
 def _checkpoint_policy(
@@ -274,35 +340,25 @@ def _checkpoint_policy(
     setup: CaseSetup,
     every: int | None,
     resume: bool,
-    overwrite: bool,
 ) -> Checkpoint:
-    """The checkpoints of a case run in ``out``, after checking a resume is sound."""
+    """The checkpoints of a case run in ``out``, after checking a resume is sound
+    (call it holding the folder's lock: a new run removes the old checkpoints)."""
     identity = {"case": setup.identity(), "code_version": code_version()}
     record = out / RUN_FILE
     if resume and record.is_file():
-        stored = json.loads(record.read_text())
+        stored = read_run_record(out)
         check_same(repr(str(out)), stored["identity"], identity)
         every = stored["checkpoint_every"] if every is None else every
     else:
-        if not resume:
-            _check_out_dir(out, overwrite)
-        if every is None:
-            raise ValueError(
-                f"{str(out)!r} holds no checkpointed run to resume ({RUN_FILE} is "
-                "missing); start one with checkpoint_every (--checkpoint-every)."
-            )
         for old in (out / "checkpoints").glob("step_*.npz"):  # an overwritten run's
             old.unlink()
-        make_out_dir(out)
         content = {
             "case": case,
             "arguments": _common.jsonable(arguments),
             "checkpoint_every": every,
             "identity": identity,
         }
-        tmp = record.with_name(record.name + ".tmp")
-        tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, record)
+        write_set(out, lambda d: [_write_json(d / RUN_FILE, content)])
     return Checkpoint(out / "checkpoints", every, metadata=identity, resume=resume)
 
 
@@ -329,17 +385,15 @@ def _write(
     extras: Mapping[str, np.ndarray],
     setup: CaseSetup,
 ) -> tuple[Path, ...]:
+    """Write a run's outputs into the (existing) folder ``out``; their paths."""
     from lbm_jax import _io, _plot
 
-    out.mkdir(parents=True, exist_ok=True)
     files = []
     npz = out / "fields.npz"
     np.savez_compressed(npz, **fields, **extras)
     files.append(npz)
     files.append(_io.write_vti(out / "fields.vti", fields))
-    js = out / "summary.json"
-    js.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    files.append(js)
+    files.append(_write_json(out / "summary.json", summary))
     title = f"{setup.case} ({summary['storage']}, step {summary['steps']})"
     solid = {"solid": extras["body"]} if "body" in extras else {}  # e.g. a cylinder
     for kind in setup.figures:
@@ -353,3 +407,9 @@ def _write(
     if setup.write_files is not None:
         files.extend(setup.write_files(out, summary, fields, extras))
     return tuple(files)
+
+
+def _write_json(path: Path, content: Mapping[str, Any]) -> Path:
+    """``content`` as indented JSON with sorted keys at ``path``."""
+    path.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    return path

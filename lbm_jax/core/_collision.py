@@ -29,13 +29,14 @@ import numpy as np
 from jax import lax
 
 from lbm_jax.core._lattice import Lattice
-from lbm_jax.core._units import check_tau, viscosity
+from lbm_jax.core._units import MAX_SPEED, check_tau, viscosity
 
 __all__ = [
     "Collision",
     "CollisionModel",
     "collide",
     "equilibrium",
+    "healthy_cells",
     "moments",
 ]
 
@@ -168,6 +169,19 @@ def moments(
     sums = lax.reduce(operands, (zero,) * len(operands), _add_tuples, (axis,))
     rho = sums[0] + 1 if shift else sums[0]
     return rho, list(sums[1:])
+
+
+def healthy_cells(rho: jax.Array, j: list[jax.Array]) -> jax.Array:
+    """Where a state is healthy, from its density and momentum (:func:`moments`):
+    the density finite and positive, the speed ``|j| / rho`` finite and within
+    the lattice's stability limit :data:`~lbm_jax.core._units.MAX_SPEED`.
+
+    >>> rho = jnp.array([1.0, 1.0, -1.0, jnp.nan])
+    >>> healthy_cells(rho, [jnp.array([0.5, 0.9, 0.0, 0.0])]).tolist()
+    [True, False, False, False]
+    """
+    speed2 = sum(ji * ji for ji in j)
+    return jnp.isfinite(rho) & (rho > 0) & (speed2 <= (MAX_SPEED * rho) ** 2)
 
 
 def equilibrium(

@@ -13,6 +13,9 @@ validation cases, the command line) applies the same values:
   within ``1e-4`` of it, float32 arithmetic no longer resolves the viscosity (the
   relaxation rate ``1/tau`` lies within ``4e-4`` of 2).
 
+A third bounds what a running state may reach: :data:`MAX_SPEED`, the lattice's
+stability limit, which the health check of a run applies to every cell.
+
 >>> viscosity(0.8)
 0.1
 >>> round(tau_from_re(100.0, u_ref=0.1, length=128), 6)
@@ -31,6 +34,7 @@ __all__ = [
     "CS",
     "CS2",
     "MAX_MACH",
+    "MAX_SPEED",
     "MIN_TAU",
     "check_mach",
     "check_tau",
@@ -51,6 +55,12 @@ MAX_MACH = 0.35
 
 #: Smallest relaxation time accepted (``tau - 1/2 >= 1e-4``).
 MIN_TAU = 0.5 + 1e-4
+
+#: Largest speed ``|u|`` (lattice units) of a healthy state: ``sqrt(2) c_s``
+#: (0.816, Mach 1.41). Beyond it the rest population of the equilibrium,
+#: ``w_0 rho (1 - |u|^2 / (2 c_s^2))``, is negative: the collision relaxes towards
+#: no distribution at all, and the run has left the lattice's stability range.
+MAX_SPEED = math.sqrt(2.0 * CS2)
 
 
 def viscosity(tau: float) -> float:

@@ -60,7 +60,7 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from lbm_jax.core._boundaries import CellType
-from lbm_jax.core._collision import CollisionModel, moments
+from lbm_jax.core._collision import CollisionModel, healthy_cells, moments
 from lbm_jax.core._pytree import pytree_attributes
 from lbm_jax.core._validation import check_real
 from lbm_jax.free_surface import _gpu_step
@@ -342,10 +342,11 @@ class FreeSurface:
         return hi + lo
 
     def healthy(self, state: FreeSurfaceState) -> jax.Array:
-        """Every liquid density finite and positive, every mass finite."""
-        rho, _ = self._moments(state)
+        """Every liquid density finite and positive and speed within the
+        lattice's stability limit, every mass finite."""
+        rho, j = self._moments(state)
         liquid = is_liquid(state.flags)
-        ok = jnp.where(liquid, jnp.isfinite(rho) & (rho > 0), True)
+        ok = jnp.where(liquid, healthy_cells(rho, j), True)
         return jnp.all(ok) & jnp.all(jnp.isfinite(state.mass))
 
     # -- the step -------------------------------------------------------------------

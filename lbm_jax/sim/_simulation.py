@@ -424,7 +424,9 @@ class Simulation:
         return _slabs.fields(self, state.f, fv, which=which)
 
     def healthy(self, state: LBMState) -> jax.Array:
-        """True when every density is finite and positive (jit-able, no sync)."""
+        """True when every density is finite and positive and every speed within
+        the lattice's stability limit :data:`~lbm_jax.MAX_SPEED` (jit-able, no
+        sync)."""
         self.check_state(state)
         return _slabs.healthy(self, state.f)
 

@@ -11,7 +11,7 @@ output and one slab, never a decoded or transposed full-size copy:
 * :func:`init_state`: the (DDF-shifted, encoded) equilibrium written directly in
   the population layout, slab by slab, so no float32 full-size temporary exists;
 * :func:`fields`: density and velocity; :func:`populations`: the decoded
-  populations ``(Q, *shape)``; :func:`healthy`: the finite/positive density test;
+  populations ``(Q, *shape)``; :func:`healthy`: the density and speed test;
 * :func:`link_sums`: the momentum-exchange sums over fluid-to-body links;
 * :func:`curl`: central-difference vorticity of a velocity field.
 
@@ -36,7 +36,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lbm_jax.core._boundaries import CellType
-from lbm_jax.core._collision import direction_constants, equilibrium, moments
+from lbm_jax.core._collision import (
+    direction_constants,
+    equilibrium,
+    healthy_cells,
+    moments,
+)
 from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.sim._decomp import Decomposition
@@ -258,7 +263,8 @@ def populations(sim: Grid, f: jax.Array, *, shifted: bool) -> jax.Array:
 
 @jax.jit
 def healthy(sim: Grid, f: jax.Array) -> jax.Array:
-    """True when every density is finite and positive."""
+    """True when every density is finite and positive and every speed within the
+    lattice's stability limit (:func:`~lbm_jax.core._collision.healthy_cells`)."""
     lat, pol = sim.lattice, sim.storage
     split = _decomposition(sim)
     local = split.local_shape
@@ -266,8 +272,8 @@ def healthy(sim: Grid, f: jax.Array) -> jax.Array:
 
     def block(f):
         def body(x0, bad):
-            r, _ = moments(lat, pol.decode(_slab_of(f, x0, b)), shift=pol.shift, axis=1)
-            ok = jnp.isfinite(r) & (r > 0)
+            r, j = moments(lat, pol.decode(_slab_of(f, x0, b)), shift=pol.shift, axis=1)
+            ok = healthy_cells(r, j)
             return bad + jnp.sum(~ok, dtype=jnp.int32)
 
         return split.total(_for_slabs(split, local[0], b, body, jnp.int32(0)))

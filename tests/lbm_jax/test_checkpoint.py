@@ -1,5 +1,8 @@
 """Checkpoints of the run driver: atomic files, resume bit for bit, refusals."""
 
+import errno
+import json
+import os
 from typing import NamedTuple
 
 import chex
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import Checkpoint, Simulation, _transfer, run
+from lbm_jax import Checkpoint, Simulation, _io, _transfer, run
 from lbm_jax._checkpoint import source_files
 
 
@@ -113,7 +116,32 @@ def test_steady_stop_resumes_with_its_history(tmp_path):
     assert again.stats.steps == 0 and again.stats.stopped
 
 
-def test_truncated_newest_checkpoint_falls_back_to_the_previous(sim, tmp_path):
+def _edit_header(path, edit):
+    """Rewrite a checkpoint with its header changed by ``edit(header)``."""
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    header = json.loads(arrays["header"].tobytes())
+    edit(header)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+#: Ways a checkpoint file becomes unreadable.
+DAMAGES = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:-100]),
+    "foreign format": lambda p: _edit_header(
+        p, lambda h: h.update(format="lbm_jax.checkpoint/2")
+    ),
+    "header without leaves": lambda p: _edit_header(p, lambda h: h.pop("leaves")),
+    "wrong leaf shape": lambda p: _edit_header(
+        p, lambda h: h["leaves"][0].update(shape=[3, 1])
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(sim, tmp_path, damage):
     straight = run(sim, _start(sim), 80).state
     policy = Checkpoint(tmp_path, every=20)
     with pytest.raises(_Interrupt):
@@ -126,7 +154,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(sim, tmp_path):
             callback_every=60,
         )
     newest = policy.files()[-1]
-    newest.write_bytes(newest.read_bytes()[:-100])
+    DAMAGES[damage](newest)
     with pytest.warns(RuntimeWarning, match=r"Skipping checkpoint step_0000000060"):
         resumed = run(sim, _start(sim), 80, checkpoint=policy)
     assert resumed.stats.resumed_from == 40
@@ -152,6 +180,34 @@ def test_resume_refuses_another_runs_checkpoint(sim, tmp_path):
         path.write_bytes(b"not a checkpoint")
     with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="readable"):
         run(sim, _start(sim), 40, checkpoint=same)
+
+
+def test_a_failed_save_leaves_no_partial_file(sim, tmp_path, monkeypatch):
+    write_npy = _io.write_npy
+    calls = []
+
+    def full(*args, **kwargs):  # the disk fills up after the first leaf
+        calls.append(args[1])
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_npy(*args, **kwargs)
+
+    monkeypatch.setattr(_io, "write_npy", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        run(sim, _start(sim), 40, checkpoint=Checkpoint(tmp_path, every=20))
+    assert calls == ["leaf_0", "leaf_1"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_refuses_checkpoints_past_the_steps_asked_for(sim, tmp_path):
+    policy = Checkpoint(tmp_path, every=50)
+    run(sim, _start(sim), 100, checkpoint=policy)
+    with pytest.raises(
+        lbm_jax.ResumeError, match=r"at step 100, past the 30 steps asked for"
+    ):
+        run(sim, _start(sim), 30, checkpoint=policy)
+    again = run(sim, _start(sim), 100, checkpoint=policy)
+    assert again.stats.resumed_from == 100 and int(again.state.t) == 100
 
 
 class _Marked(NamedTuple):

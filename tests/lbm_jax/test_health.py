@@ -39,6 +39,23 @@ def test_unstable_run_names_the_step():
     assert coarse.value.step >= err.step > coarse.value.last_good_step - 1000
 
 
+def test_a_speed_beyond_the_lattice_limit_is_an_instability():
+    # a periodic box driven by a body force: the density stays 1 while the speed
+    # grows by 0.01 a step (the stored momentum is 0.01 (t + 1/2)); it passes
+    # MAX_SPEED = 0.816 (Mach sqrt 2) between step 81 and step 82
+    sim = Simulation("D2Q9", (8, 8), tau=0.8, force=(0.01, 0.0))
+    with pytest.raises(InstabilityError, match="unstable at step 82") as info:
+        run(sim, sim.init(), 2000, check_every=1)
+    assert info.value.last_good_step == 81
+    message = str(info.value)
+    assert "a speed exceeds the lattice's stability limit |u| = 0.816" in message
+    assert message.endswith("Increase tau or the resolution, or lower the velocity.")
+    assert lbm_jax.MAX_SPEED == pytest.approx(np.sqrt(2 / 3))
+    assert bool(sim.healthy(info.value.state)) is False
+    rho = lbm_jax.density(sim, info.value.state)
+    np.testing.assert_allclose(rho, 1.0, rtol=1e-5)  # the density alone looks fine
+
+
 def test_healthy_flag_is_jittable():
     sim = Simulation("D2Q9", (8, 8), tau=0.7)
     state = sim.init()
