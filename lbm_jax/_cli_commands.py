@@ -258,7 +258,8 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
     from lbm_jax import bench
     from lbm_jax._lattice import get_lattice
-    from lbm_jax._storage import get_storage
+    from lbm_jax._storage import get_storage, list_storages
+    from lbm_jax.cases._common import check_grid_memory
 
     lattice = "D3Q19" if args.lattice is None else args.lattice
     n = 128 if args.n is None else args.n
@@ -284,10 +285,12 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 raise ValueError(f"{name} must be at least {minimum}, got {value}.")
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {args.steps}.")
-        if not args.all:
-            get_lattice(lattice)
-            for storage in storages:
-                get_storage(storage)
+        problems = bench.FULL_PROBLEMS if args.all else ((lattice, n),)
+        for lat, side in problems:  # each box against the memory, before any work
+            for storage in list_storages() if args.all else storages:
+                check_grid_memory(
+                    (side,) * get_lattice(lat).d, lat, get_storage(storage), n=side
+                )
         if args.devices is not None:
             _check_decomposition(args.devices, get_lattice(lattice).d, n)
         if args.json is not None:
@@ -297,7 +300,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 )
             _check_creatable("--json", Path(args.json).parent)
     except (ValueError, TypeError) as err:
-        parser.error(str(err))
+        parser.error(as_flags(str(err)))
     measure = {
         "steps": args.steps,
         "repeats": args.repeats,

@@ -29,6 +29,7 @@ __all__ = [
     "available_memory",
     "bytes_per_cell",
     "case_names",
+    "check_grid_memory",
     "check_memory",
     "check_speed",
     "jsonable",
@@ -442,30 +443,51 @@ def available_memory() -> tuple[int, str]:
 
 
 def check_memory(setup: CaseSetup, *, floor: int = 2**30) -> None:
+    """Refuse a case's grid that cannot fit the memory, before anything is
+    allocated (:func:`check_grid_memory`; a case of unknown shape passes)."""
+    if setup.shape is not None:
+        check_grid_memory(
+            setup.shape, setup.lattice, setup.storage, n=setup.n, floor=floor
+        )
+
+
+def check_grid_memory(
+    shape: tuple[int, ...],
+    lattice: str,
+    storage: StoragePolicy,
+    *,
+    n: int,
+    floor: int = 2**30,
+) -> None:
     """Refuse a grid that cannot fit the memory, before anything is allocated.
 
-    Grids needing less than ``floor`` bytes pass unchecked (no device query).
+    Grids needing less than ``floor`` bytes (:func:`bytes_per_cell` each) pass
+    unchecked (no device query).
+
+    Args:
+        shape: The grid, wall layers included.
+        lattice, storage: What each cell holds.
+        n: The resolution the grid was made from (the advice scales it).
+        floor: Bytes below which no check is made.
 
     Raises:
         ValueError: If the grid needs more memory than is available, with the
             bytes per cell and the largest ``n`` that fits.
     """
-    if setup.shape is None:
-        return
-    cells = math.prod(setup.shape)
-    per_cell = bytes_per_cell(setup.lattice, setup.storage)
+    cells = math.prod(shape)
+    per_cell = bytes_per_cell(lattice, storage)
     need = cells * per_cell
     if need < floor:
         return
     free, where = available_memory()
     if need <= free:
         return
-    d = len(setup.shape)
-    fits = max(1, math.floor(setup.n * (free / need) ** (1.0 / d)))
-    grid = " x ".join(map(str, setup.shape))
+    d = len(shape)
+    fits = max(1, math.floor(n * (free / need) ** (1.0 / d)))
+    grid = " x ".join(map(str, shape))
     raise ValueError(
-        f"n={setup.n} gives a grid of {grid} = {cells:.3g} cells; at "
-        f"{per_cell} bytes per cell ({setup.lattice}, {setup.storage.name} "
+        f"n={n} gives a grid of {grid} = {cells:.3g} cells; at "
+        f"{per_cell} bytes per cell ({lattice}, {storage.name} "
         f"storage) the run needs at least {need / 2**30:.3g} GiB, but only "
         f"{free / 2**30:.3g} GiB of {where} is free. Lower n (about {fits} "
         "fits) or use a 16-bit storage."
