@@ -114,16 +114,28 @@ def _case_table() -> str:
     """The epilog of ``run --help``: what ``--n`` counts in each case, and the
     defaults the case uses for every flag it takes."""
     from lbm_jax.cases import CASE_INFO, case_defaults
+    from lbm_jax.cases._common import device_defaults, on_gpu
 
-    lines = ["cases: what --n counts, and the defaults of the flags each case takes:"]
+    device, other = ("GPU", "CPU") if on_gpu() else ("CPU", "GPU")
+    lines = [
+        "cases: what --n counts, and the defaults of the flags each case takes",
+        f"(on this {device} backend; [on a {other}] where the default depends on it):",
+    ]
     indent = " " * 24
     for case, info in CASE_INFO.items():
         defaults = case_defaults(case)
         n, steps = defaults.pop("n"), defaults.pop("steps")
         note = f" [{info.n_note}]" if info.n_note else ""
         lines.append(f"  {case:<21} --n {n} = {info.n}{note}")
+        there = {
+            name: f" [{show_value(value)} on a {other}]"
+            for name, value in device_defaults(case, gpu=not on_gpu()).items()
+        }
         text = ", ".join(
-            [f"{flag_of(name)} {show_value(value)}" for name, value in defaults.items()]
+            [
+                f"{flag_of(name)} {show_value(value)}{there.get(name, '')}"
+                for name, value in defaults.items()
+            ]
             + [f"--steps {steps}" + (" at most (until steady)" if info.steady else "")]
         )
         lines += textwrap.wrap(

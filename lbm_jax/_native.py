@@ -73,6 +73,7 @@ __all__ = [
     "select_free_surface",
     "supported",
     "unavailable_reason",
+    "why_not_native",
 ]
 
 #: storage short name -> suffix of the FFI target
@@ -203,13 +204,68 @@ def _covered(
     boundaries: bool,
 ) -> bool:
     """The configuration part of :func:`supported` (the library aside)."""
-    return (
-        all(met for met, _ in _needs(lattice, storage, shape))
-        and model.kind is Collision.BGK
-        and model.smagorinsky == 0
-        and math.prod(shape[1:]) >= MIN_PLANE_CELLS
-        and not (lattice.d == 2 and force and boundaries and shape[-1] % 8)
+    return not _gaps(lattice, storage, model, shape, force, boundaries)
+
+
+def _gaps(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    force: bool,
+    boundaries: bool,
+    split_across: bool = False,
+) -> list[str]:
+    """What the plain native step needs that a configuration lacks (empty when
+    it is covered)."""
+    plane = math.prod(shape[1:])
+    checks = (
+        *_needs(lattice, storage, shape),
+        (model.kind is Collision.BGK, f"BGK collision (not {model.kind.value})"),
+        (model.smagorinsky == 0, "no Smagorinsky model"),
+        (
+            plane >= MIN_PLANE_CELLS,
+            f"at least {MIN_PLANE_CELLS} cells per x-plane (this grid has {plane})",
+        ),
+        (
+            not (lattice.d == 2 and force and boundaries and shape[-1] % 8),
+            "rows (Y) a multiple of 8 on a 2-D grid with a force and boundaries",
+        ),
+        (not split_across, "a grid split along x only"),
     )
+    return [need for ok, need in checks if not ok]
+
+
+def why_not_native(
+    lattice: Lattice,
+    storage: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    *,
+    split_across: bool,
+    force: bool,
+    boundaries: bool,
+) -> str | None:
+    """Why a simulation cannot run the native step, or ``None`` when it can
+    (building the library on first use where the configuration is covered).
+
+    Arguments as for :func:`select`.
+
+    >>> from lbm_jax import get_lattice, get_storage
+    >>> from lbm_jax._collision import parse_collision
+    >>> model = parse_collision("trt", 0.8, 3 / 16)
+    >>> why = why_not_native(get_lattice("D2Q9"), get_storage("fp32"), model,
+    ...                      (34, 34), split_across=False, force=False,
+    ...                      boundaries=True)
+    >>> for part in why.split(", "):
+    ...     print(part)
+    the native step needs BGK collision (not trt)
+    at least 128 cells per x-plane (this grid has 34)
+    """
+    gaps = _gaps(lattice, storage, model, shape, force, boundaries, split_across)
+    if gaps:
+        return "the native step needs " + ", ".join(gaps)
+    return unavailable_reason()
 
 
 def _choose(kernel: str, why_not: str | None, what: str) -> bool:
@@ -283,18 +339,8 @@ def select(
     kernel = parse_kernel(kernel)
     if kernel in ("xla", "gpu"):  # "gpu": see lbm_jax._gpu
         return False
-    covered = not split_across and _covered(
-        lattice, storage, model, shape, force, boundaries
-    )
-    why_not = (
-        None
-        if covered
-        else (
-            "the native step covers D2Q9/D3Q19/D3Q27 BGK with FP32/FP32, "
-            "FP32/FP16S, FP32/FP16C or FP32/bfloat16 storage (DDF-shifted), at least "
-            f"{MIN_PLANE_CELLS} cells per x-plane, split along x only, on a CPU"
-        )
-    )
+    gaps = _gaps(lattice, storage, model, shape, force, boundaries, split_across)
+    why_not = "the native step needs " + ", ".join(gaps) if gaps else None
     return _choose(kernel, why_not, "simulation")
 
 

@@ -206,6 +206,7 @@ def run(
     window: int = 64,
     checkpoint: Checkpoint | None = None,
     every: int | None = None,
+    estimate: Callable[[float, int], None] | None = None,
 ) -> RunResult:
     """Advance ``state`` by ``steps`` steps of ``step``, checked, sampled, timed.
 
@@ -241,6 +242,11 @@ def run(
             continues bit for bit; ``steps`` still counts from the original start.
         every: Deprecated alias of ``callback_every`` (it warns; removed in the
             next release).
+        estimate: Called once on the host as ``estimate(seconds_per_step,
+            steps_left)`` after a first timed chunk of a hundredth of the steps
+            (compilation excluded), before the bulk of the run: what a caller
+            needs to say how long the rest will take (at most: ``stop`` may end
+            it sooner).
 
     Returns:
         A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
@@ -277,6 +283,8 @@ def run(
         raise ValueError("callback needs callback_every=<steps between calls>.")
     if callback_every is not None:
         callback_every = check_int(callback_every, "callback_every", 1)
+    if estimate is not None and not callable(estimate):
+        raise TypeError(f"estimate must be callable, got {estimate!r}.")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         raise TypeError(
             f"checkpoint must be a lbm_jax.Checkpoint, got {type(checkpoint).__name__}."
@@ -304,6 +312,7 @@ def run(
         callback_every=callback_every,
         progress=progress,
         checkpoint=checkpoint,
+        estimate=estimate,
     )
     return now.result(plan, cells, seconds, compile_seconds)
 
@@ -483,11 +492,13 @@ def _chunks(
     callback_every: int | None,
     progress: bool,
     checkpoint: Checkpoint | None,
+    estimate: Callable[[float, int], None] | None,
 ) -> float:
     """Run compiled chunks until ``steps`` are done or ``stop`` ends the run;
     the seconds they took. Chunks end at every multiple of ``callback_every`` and
     of the checkpoint interval, every hundredth of the run with ``progress``, and
-    after at most ``window`` samples."""
+    after at most ``window`` samples; with ``estimate``, the first chunk is a
+    hundredth of the steps left, whose rate ``estimate`` is given."""
     chunk = callback_every if callback_every is not None else steps
     if progress:
         chunk = min(chunk, max(1, -(-steps // 100)))
@@ -495,16 +506,21 @@ def _chunks(
         chunk = min(chunk, plan.window * plan.sample_every)
     boundaries = [n for n in (callback_every, checkpoint and checkpoint.every) if n]
     seconds = 0.0
+    first = -(-(steps - now.done) // 100) if estimate is not None else None
     with tqdm(total=steps, initial=now.done, disable=not progress, unit="step") as bar:
         while now.done < steps and not now.stopped:
             done = now.done
-            end = min([done + chunk, steps] + [(done // n + 1) * n for n in boundaries])
+            end = min(
+                [done + (first or chunk), done + chunk, steps]
+                + [(done // n + 1) * n for n in boundaries]
+            )
             tic = time.perf_counter()
             now.state, now.buffer, count, t, bad, last_good, stop_flag = _call(
                 plan, dynamic, now, end
             )
             t = int(t)  # waits for the chunk
-            seconds += time.perf_counter() - tic
+            took = time.perf_counter() - tic
+            seconds += took
             count = int(count)
             if now.buffer is not None and count > now.count:
                 host = jax.device_get(now.buffer)
@@ -523,6 +539,10 @@ def _chunks(
                 now.save(checkpoint, plan)
             if callback is not None and t % callback_every == 0:
                 callback(now.state)
+            if first is not None and t > done:
+                first = None
+                if t < steps and not now.stopped:
+                    estimate(took / (t - done), steps - t)
     return seconds
 
 

@@ -271,6 +271,18 @@ class Simulation:
         return self._static.kernel
 
     @property
+    def kernel_reason(self) -> str | None:
+        """Why the backend's fused step (native on a CPU, GPU on a GPU) does not
+        run, or ``None`` when it runs.
+
+        >>> import lbm_jax
+        >>> sim = lbm_jax.Simulation("D2Q9", (16, 16), tau=0.8, collision="trt")
+        >>> sim.kernel, sim.kernel_reason is not None
+        ('xla', True)
+        """
+        return self._static.kernel_reason
+
+    @property
     def streaming(self) -> Streaming:
         """How :meth:`advance` keeps the populations (see the constructor)."""
         return self._static.streaming

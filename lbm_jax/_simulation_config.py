@@ -103,6 +103,7 @@ class SimulationConfig:
         slab: x-planes per cache tile of the compiled step.
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``.
         kernel: Its implementation: ``"gpu"``, ``"native"`` or ``"xla"``.
+        kernel_reason: Why the backend's fused step does not run, or ``None``.
         streaming: How ``advance`` keeps the populations.
         advance_inplace: The in-place multi-step loop, or ``None``.
     """
@@ -118,6 +119,7 @@ class SimulationConfig:
     slab: int
     step_into: Any
     kernel: str
+    kernel_reason: str | None
     streaming: Streaming
     advance_inplace: Any
 
@@ -170,7 +172,7 @@ def configure(
         slab = default_slab(lat, local, pol.compute_dtype.itemsize)
     slab = check_slab(slab, local[0])
     streaming = parse_streaming(streaming, 1 if decomp is None else decomp.mesh.size)
-    name, step_into, advance_inplace = _step_functions(
+    name, reason, step_into, advance_inplace = _step_functions(
         kernel, lat, pol, model, shape, ct, fvec, decomp, slab, streaming
     )
     config = SimulationConfig(
@@ -185,6 +187,7 @@ def configure(
         slab=slab,
         step_into=step_into,
         kernel=name,
+        kernel_reason=reason,
         streaming=streaming,
         advance_inplace=advance_inplace,
     )
@@ -209,9 +212,10 @@ def _step_functions(
     decomp: Decomposition | None,
     slab: int,
     streaming: Streaming,
-) -> tuple[str, Any, Any]:
-    """The step's implementation (``"gpu"``, ``"native"`` or ``"xla"``), its
-    two-buffer step and its in-place loop (``None`` unless streaming in place).
+) -> tuple[str, str | None, Any, Any]:
+    """The step's implementation (``"gpu"``, ``"native"`` or ``"xla"``), why
+    the backend's fused step does not run (or ``None``), its two-buffer step
+    and its in-place loop (``None`` unless streaming in place).
 
     A constant ``(D,)`` force is compiled into the step; a field travels in
     :class:`StepArrays`.
@@ -224,16 +228,21 @@ def _step_functions(
     kernel = _native.parse_kernel(kernel)  # any case, before either choice
     split_yz = decomp is not None and any(s > 1 for s in decomp.splits[1:])
     gpu = _select_gpu(kernel, lattice, storage, model, local, split_yz)
+    config = {
+        "split_across": split_yz,
+        "force": force is not None,
+        "boundaries": bool((cell_type != CellType.FLUID).any()),
+    }
     native = not gpu and _native.select(
-        kernel,
-        lattice,
-        storage,
-        model,
-        local,
-        split_across=split_yz,
-        force=force is not None,
-        boundaries=bool((cell_type != CellType.FLUID).any()),
+        kernel, lattice, storage, model, local, **config
     )
+    reason = None
+    if kernel == "xla":
+        reason = "kernel='xla' was asked for"
+    elif jax.default_backend() == "cpu" and not native:
+        reason = _native.why_not_native(lattice, storage, model, local, **config)
+    elif jax.default_backend() != "cpu" and not gpu:
+        reason = _gpu.unavailable_reason() or _GPU_COVERS
     if gpu:
         step_factory = _gpu.make_gpu_step_into
     else:
@@ -245,7 +254,15 @@ def _step_functions(
         if streaming is Streaming.INPLACE
         else None
     )
-    return "gpu" if gpu else "native" if native else "xla", step_into, advance_inplace
+    name = "gpu" if gpu else "native" if native else "xla"
+    return name, reason, step_into, advance_inplace
+
+
+#: What the fused GPU step covers, where a configuration falls outside it.
+_GPU_COVERS = (
+    "the fused GPU step covers D2Q9/D3Q19/D3Q27 BGK or TRT on grids split along x "
+    "at most"
+)
 
 
 def _select_gpu(
@@ -265,9 +282,7 @@ def _select_gpu(
         return False
     ok = _gpu.supported(lattice, storage, model, local, split_yz=split_yz)
     if kernel == "gpu" and not ok:
-        why = _gpu.unavailable_reason() or (
-            "it covers D2Q9/D3Q19/D3Q27 BGK or TRT on grids split along x at most"
-        )
+        why = _gpu.unavailable_reason() or _GPU_COVERS
         raise ValueError(
             f"kernel='gpu' is not available for this simulation: {why}; use "
             "kernel='auto' to fall back to the XLA step."

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,7 @@ def run_case(
     overwrite: bool = False,
     checkpoint_every: int | None = None,
     resume: bool = False,
+    estimate: Callable[[float, int], None] | None = None,
     **case_options: Any,
 ) -> CaseResult:
     """Run one validation case and compare it with its reference.
@@ -220,6 +221,8 @@ def run_case(
             the code version must be those it was started with. The result equals
             an uninterrupted run's bit for bit. A finished run whose outputs are
             written is refused unless ``overwrite`` (which writes them again).
+        estimate: ``estimate(seconds_per_step, steps_left)``, called once after
+            a first timed hundredth of the run (see :func:`lbm_jax.run`).
         **case_options: Case-specific options, e.g. ``collision="bgk"``,
             ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
 
@@ -255,7 +258,9 @@ def run_case(
             _refuse_finished(out_path, checkpoint, setup.steps)
     else:
         out_path = None if out_dir is None else _check_out_dir(out_dir, overwrite)
-    metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
+    metrics, fields, extras = setup.run(
+        progress=progress, checkpoint=checkpoint, estimate=estimate
+    )
     summary = _common.jsonable({**setup.summary(), "warnings": [], **metrics})
     files: tuple[Path, ...] = ()
     if out_path is not None:

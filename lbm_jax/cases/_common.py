@@ -32,8 +32,11 @@ __all__ = [
     "check_grid_memory",
     "check_memory",
     "check_speed",
+    "device_defaults",
     "jsonable",
+    "on_gpu",
     "prepare",
+    "step_fields",
 ]
 
 
@@ -299,14 +302,19 @@ class CaseSetup:
         }
 
     def run(
-        self, *, progress: bool = False, checkpoint: Checkpoint | None = None
+        self,
+        *,
+        progress: bool = False,
+        checkpoint: Checkpoint | None = None,
+        estimate: Callable[[float, int], None] | None = None,
     ) -> tuple[dict, dict, dict]:
         """Run the case: ``(metrics, fields, extra arrays for fields.npz)``.
 
-        ``progress`` and ``checkpoint`` go to :func:`lbm_jax.run`, which every
-        case's runner calls once.
+        ``progress``, ``checkpoint`` and ``estimate`` go to :func:`lbm_jax.run`,
+        which every case's runner calls once.
         """
-        return self.runner(self, {"progress": progress, "checkpoint": checkpoint})
+        driver = {"progress": progress, "checkpoint": checkpoint, "estimate": estimate}
+        return self.runner(self, driver)
 
     def build(self) -> tuple[Any, Any]:
         """The case's model and initial state, as its runner steps them.
@@ -401,11 +409,43 @@ def prepare(
             raise ValueError(f"re must be positive, got {re}.")
     policy = resolve_storage(storage, shift)
     module = importlib.import_module(CASE_INFO[case].module)
+    sized = {k: v for k, v in device_defaults(case).items() if k not in options}
+    sized_n = sized.pop("n", None)
+    n = sized_n if n is None else n
     setup = module.prepare(
-        case, n=n, re=re, storage=policy, steps=resolve_steps(steps), options=options
+        case,
+        n=n,
+        re=re,
+        storage=policy,
+        steps=resolve_steps(steps),
+        options={**sized, **options},
     )
     check_memory(setup)
     return setup
+
+
+def on_gpu() -> bool:
+    """Whether the default JAX backend is an accelerator (a case's defaults
+    are then its GPU-sized ones, :func:`device_defaults`)."""
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def device_defaults(case: str, gpu: bool | None = None) -> dict[str, Any]:
+    """The case's defaults that depend on the device, as used on a GPU
+    (``gpu=True``), on a CPU (``False``) or on the default backend (``None``).
+
+    A case module declares them as ``DEVICE_DEFAULTS[case] = {option: (on a CPU,
+    on a GPU)}``: paper-sized runs on a GPU, runs of minutes on a CPU.
+
+    >>> device_defaults("capsule", gpu=False), device_defaults("capsule", gpu=True)
+    ({'radius': 5.0}, {'radius': 12.0})
+    """
+    module = importlib.import_module(CASE_INFO[case].module)
+    pairs = getattr(module, "DEVICE_DEFAULTS", {}).get(case, {})
+    gpu = on_gpu() if gpu is None else gpu
+    return {name: pair[1] if gpu else pair[0] for name, pair in pairs.items()}
 
 
 def bytes_per_cell(lattice: str, storage: StoragePolicy) -> int:
@@ -492,6 +532,14 @@ def check_grid_memory(
         f"{free / 2**30:.3g} GiB of {where} is free. Lower n (about {fits} "
         "fits) or use a 16-bit storage."
     )
+
+
+def step_fields(model: Any) -> dict[str, Any]:
+    """A summary's ``step_kernel`` (the step that ran: ``"native"``, ``"gpu"``
+    or ``"xla"``) and ``step_reason`` (why the backend's fused step did not, or
+    ``None``) for a :class:`~lbm_jax.Simulation` or a coupled model with a
+    ``kernel``."""
+    return {"step_kernel": model.kernel, "step_reason": model.kernel_reason}
 
 
 def jsonable(obj: Any) -> Any:

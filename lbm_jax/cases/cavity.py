@@ -242,7 +242,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics: dict[str, Any] = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_kernel": sim.kernel,
+        **_common.step_fields(sim),
         "u_min_centre": float(lines["u"].min()),
         "v_min_centre": float(lines["v"].min()),
         "v_max_centre": float(lines["v"].max()),

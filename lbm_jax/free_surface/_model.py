@@ -79,7 +79,8 @@ __all__ = ["FreeSurface"]
 
 
 @pytree_attributes(
-    data=("sim",), meta=("sigma", "gravity", "smoothing", "smagorinsky", "kernel")
+    data=("sim",),
+    meta=("sigma", "gravity", "smoothing", "smagorinsky", "kernel", "kernel_reason"),
 )
 class FreeSurface:
     """A liquid with a free surface (volume of fluid) in a lattice Boltzmann flow.
@@ -171,6 +172,8 @@ class FreeSurface:
             )
         self.sim = sim
         self.smagorinsky = smagorinsky
+        #: Why the backend's fused free-surface step does not run, or ``None``.
+        self.kernel_reason: str | None = None
         self.kernel = self._select_kernel(kernel)
         self.sigma = sigma
         self.gravity = g
@@ -179,20 +182,28 @@ class FreeSurface:
     def _select_kernel(self, kernel: str) -> str:
         """``"gpu"``, ``"native"`` or ``"xla"`` for the ``kernel`` asked for."""
         choice = _native.parse_kernel(kernel)
-        if choice in ("auto", "gpu"):
-            why_not = _gpu_step.covered(self)
-            if why_not is None:
-                return "gpu"
-            if choice == "gpu":
-                raise ValueError(
-                    f"kernel='gpu' is not available for this free surface: {why_not}; "
-                    "use kernel='auto' to fall back to the CPU steps."
-                )
+        asked = f"kernel={choice!r} was asked for"
+        gpu_why_not = _gpu_step.covered(self) if choice in ("auto", "gpu") else asked
+        if gpu_why_not is None:
+            return "gpu"
+        if choice == "gpu":
+            raise ValueError(
+                f"kernel='gpu' is not available for this free surface: "
+                f"{gpu_why_not}; use kernel='auto' to fall back to the CPU steps."
+            )
         sim = self.sim
-        native = _native.select_free_surface(
-            choice, sim.lattice, sim.storage, sim.shape, sim.devices
-        )
-        return "native" if native else "xla"
+        args = (sim.lattice, sim.storage, sim.shape, sim.devices)
+        if _native.select_free_surface(choice, *args):
+            return "native"
+        if choice == "xla":
+            self.kernel_reason = asked
+        elif jax.default_backend() == "cpu":
+            self.kernel_reason = (
+                _native.covered_free_surface(*args) or _native.unavailable_reason()
+            )
+        else:
+            self.kernel_reason = f"the GPU free-surface step: {gpu_why_not}"
+        return "xla"
 
     @property
     def collision(self) -> CollisionModel:
