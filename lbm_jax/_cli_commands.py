@@ -253,7 +253,7 @@ def sized_defaults_note(case: str, kwargs: dict) -> str:
 def estimate_printer(setup: CaseSetup) -> Callable[[float, int], None]:
     """The ``estimate`` of a case run (:func:`lbm_jax.run`): a line on stderr
     that says how long the rest of the run will take, from its cell updates
-    (cells x steps) and the rate measured on its first hundredth."""
+    (cells x steps) and the rate measured on its second hundredth."""
     from lbm_jax.cases import CASE_INFO
 
     cells = math.prod(setup.shape) if setup.shape else 0
@@ -266,7 +266,7 @@ def estimate_printer(setup: CaseSetup) -> Callable[[float, int], None]:
             rate = f"{cells * steps_left:.3g} cell updates at {mlups:.3g} MLUPs, "
         print(
             f"estimate: {bound}{duration(seconds_per_step * steps_left)} more for "
-            f"{steps_left} steps ({rate}the rate of the first hundredth)",
+            f"{steps_left} steps ({rate}measured on its second hundredth)",
             file=sys.stderr,
             flush=True,
         )

@@ -243,10 +243,10 @@ def run(
         every: Deprecated alias of ``callback_every`` (it warns; removed in the
             next release).
         estimate: Called once on the host as ``estimate(seconds_per_step,
-            steps_left)`` after a first timed chunk of a hundredth of the steps
-            (compilation excluded), before the bulk of the run: what a caller
-            needs to say how long the rest will take (at most: ``stop`` may end
-            it sooner).
+            steps_left)`` after two chunks of a hundredth of the steps each, the
+            first a warm-up and the second timed (compilation excluded), before
+            the bulk of the run: what a caller needs to say how long the rest
+            will take (at most: ``stop`` may end it sooner).
 
     Returns:
         A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
@@ -497,8 +497,9 @@ def _chunks(
     """Run compiled chunks until ``steps`` are done or ``stop`` ends the run;
     the seconds they took. Chunks end at every multiple of ``callback_every`` and
     of the checkpoint interval, every hundredth of the run with ``progress``, and
-    after at most ``window`` samples; with ``estimate``, the first chunk is a
-    hundredth of the steps left, whose rate ``estimate`` is given."""
+    after at most ``window`` samples; with ``estimate``, the first two chunks are
+    a hundredth of the steps left each, and ``estimate`` is given the second's
+    rate."""
     chunk = callback_every if callback_every is not None else steps
     if progress:
         chunk = min(chunk, max(1, -(-steps // 100)))
@@ -506,12 +507,14 @@ def _chunks(
         chunk = min(chunk, plan.window * plan.sample_every)
     boundaries = [n for n in (callback_every, checkpoint and checkpoint.every) if n]
     seconds = 0.0
-    first = -(-(steps - now.done) // 100) if estimate is not None else None
+    # with ``estimate``: two chunks of a hundredth each, the first warms up
+    hundredth = -(-(steps - now.done) // 100)
+    short = 2 if estimate is not None else 0
     with tqdm(total=steps, initial=now.done, disable=not progress, unit="step") as bar:
         while now.done < steps and not now.stopped:
             done = now.done
             end = min(
-                [done + (first or chunk), done + chunk, steps]
+                [done + (hundredth if short else chunk), done + chunk, steps]
                 + [(done // n + 1) * n for n in boundaries]
             )
             tic = time.perf_counter()
@@ -539,10 +542,11 @@ def _chunks(
                 now.save(checkpoint, plan)
             if callback is not None and t % callback_every == 0:
                 callback(now.state)
-            if first is not None and t > done:
-                first = None
+            short -= short > 0
+            if estimate is not None and short == 0 and t > done:
                 if t < steps and not now.stopped:
                     estimate(took / (t - done), steps - t)
+                estimate = None
     return seconds
 
 
