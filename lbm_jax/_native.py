@@ -172,7 +172,8 @@ def supported(
         ``True`` when the native step covers the configuration and the library
         is available (building it on first use); use the XLA step otherwise.
     """
-    return _covered(lattice, storage, model, shape, force, boundaries) and available()
+    covered = _uncovered(lattice, storage, model, shape, force, boundaries) is None
+    return covered and available()
 
 
 def _needs(
@@ -195,19 +196,7 @@ def _needs(
     )
 
 
-def _covered(
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    shape: tuple[int, ...],
-    force: bool,
-    boundaries: bool,
-) -> bool:
-    """The configuration part of :func:`supported` (the library aside)."""
-    return not _gaps(lattice, storage, model, shape, force, boundaries)
-
-
-def _gaps(
+def _uncovered(
     lattice: Lattice,
     storage: StoragePolicy,
     model: CollisionModel,
@@ -215,9 +204,9 @@ def _gaps(
     force: bool,
     boundaries: bool,
     split_across: bool = False,
-) -> list[str]:
-    """What the plain native step needs that a configuration lacks (empty when
-    it is covered)."""
+) -> str | None:
+    """What the plain native step needs that a configuration lacks, or ``None``
+    (the configuration part of :func:`supported`, the library aside)."""
     plane = math.prod(shape[1:])
     checks = (
         *_needs(lattice, storage, shape),
@@ -233,7 +222,8 @@ def _gaps(
         ),
         (not split_across, "a grid split along x only"),
     )
-    return [need for ok, need in checks if not ok]
+    gaps = [need for ok, need in checks if not ok]
+    return "the native step needs " + ", ".join(gaps) if gaps else None
 
 
 def why_not_native(
@@ -249,23 +239,11 @@ def why_not_native(
     """Why a simulation cannot run the native step, or ``None`` when it can
     (building the library on first use where the configuration is covered).
 
-    Arguments as for :func:`select`.
-
-    >>> from lbm_jax import get_lattice, get_storage
-    >>> from lbm_jax._collision import parse_collision
-    >>> model = parse_collision("trt", 0.8, 3 / 16)
-    >>> why = why_not_native(get_lattice("D2Q9"), get_storage("fp32"), model,
-    ...                      (34, 34), split_across=False, force=False,
-    ...                      boundaries=True)
-    >>> for part in why.split(", "):
-    ...     print(part)
-    the native step needs BGK collision (not trt)
-    at least 128 cells per x-plane (this grid has 34)
+    Arguments as for :func:`select`; the reason names only what this
+    configuration lacks, e.g. ``"the native step needs BGK collision (not trt)"``.
     """
-    gaps = _gaps(lattice, storage, model, shape, force, boundaries, split_across)
-    if gaps:
-        return "the native step needs " + ", ".join(gaps)
-    return unavailable_reason()
+    why = _uncovered(lattice, storage, model, shape, force, boundaries, split_across)
+    return why or unavailable_reason()
 
 
 def _choose(kernel: str, why_not: str | None, what: str) -> bool:
@@ -339,9 +317,8 @@ def select(
     kernel = parse_kernel(kernel)
     if kernel in ("xla", "gpu"):  # "gpu": see lbm_jax._gpu
         return False
-    gaps = _gaps(lattice, storage, model, shape, force, boundaries, split_across)
-    why_not = "the native step needs " + ", ".join(gaps) if gaps else None
-    return _choose(kernel, why_not, "simulation")
+    why = _uncovered(lattice, storage, model, shape, force, boundaries, split_across)
+    return _choose(kernel, why, "simulation")
 
 
 def make_native_step_into(

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._lattice import list_lattices
+from lbm_jax._lattice import did_you_mean, list_lattices
 from lbm_jax._units import check_tau, tau_from_re
 from lbm_jax._validation import check_int
 from lbm_jax.cases import _common, _reference
@@ -109,7 +109,9 @@ def prepare(
         lattice = "D3Q19" if case == "cavity3d" else "D2Q9"
     if not isinstance(lattice, str) or lattice.upper() not in list_lattices():
         raise ValueError(
-            f"Unknown cavity lattice {lattice!r}; expected one of {list_lattices()}."
+            f"Unknown cavity lattice {lattice!r}"
+            f"{did_you_mean(str(lattice).upper(), list_lattices())}; expected one of "
+            f"{list_lattices()}."
         )
     lattice = lattice.upper()
     if case == "cavity3d" and lattice == "D2Q9":
