@@ -57,7 +57,12 @@ decomposition of the box: ``2`` splits x over two devices, ``1x2x1`` splits y,
 ``2x2x1`` x and y over four (one entry per axis of the lattice).
 
 Every argument is validated before anything is compiled; invalid input exits with
-status 2 and a message that names the flag and says what to change. Unless
+status 2, printing ``error: <message>`` (which names the flag, says what to
+change and, for a mistyped flag, case or name, the closest ones) and one line
+that points to ``--help``. A run prints first the device-sized defaults it uses
+(the capsule's radius: CPU-sized on a CPU, the paper's on a GPU), then, after a
+timed hundredth of the run, how long the rest will take; its summary names the
+step that ran and why the backend's fused step did not. Unless
 ``XLA_FLAGS`` is already set, the host platform is split into one device per CPU
 core.
 
