@@ -384,13 +384,14 @@ def test_cli_mistyped_names_get_the_closest_ones(tmp_path, capsys, argv, suggest
     assert not (tmp_path / "X").exists()
 
 
-def test_cli_error_comes_first_without_the_usage_block():
-    cmd = [sys.executable, "-m", "lbm_jax", "run", "cavity", "--n", "3"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert error_line(proc.stderr).startswith("error: run needs a case and --out")
-    assert "usage:" not in proc.stderr
+def test_cli_error_comes_first_without_the_usage_block(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "cavity", "--n", "3"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert error_line(captured.err).startswith("error: run needs a case and --out")
+    assert "usage:" not in captured.err
 
 
 def test_cli_bench_refuses_a_box_beyond_the_memory_before_any_work(capsys, monkeypatch):
