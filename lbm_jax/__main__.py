@@ -57,7 +57,12 @@ decomposition of the box: ``2`` splits x over two devices, ``1x2x1`` splits y,
 ``2x2x1`` x and y over four (one entry per axis of the lattice).
 
 Every argument is validated before anything is compiled; invalid input exits with
-status 2 and a message that names the flag and says what to change.
+status 2, printing ``error: <message>`` (which names the flag, says what to
+change and, for a mistyped flag, case or name, the closest ones) and one line
+that points to ``--help``. A run prints first the device-sized defaults it uses
+(the capsule's radius: CPU-sized on a CPU, the paper's on a GPU), then, after a
+timed hundredth of the run, how long the rest will take; its summary names the
+step that ran and why no faster one did.
 
 Exit status: 0 when the command did what was asked; 1 when the run failed (it
 became unstable: the message names the step); 2 when the command could not do

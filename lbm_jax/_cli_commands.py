@@ -18,6 +18,7 @@ import re
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from lbm_jax._outputs import FolderInUseError, write_set
 from lbm_jax._run import InstabilityError
 
 if TYPE_CHECKING:
-    from lbm_jax.cases import CaseResult
+    from lbm_jax.cases import CaseResult, CaseSetup
 
 __all__ = [
     "EXPECTED_FAILURES",
@@ -34,8 +35,11 @@ __all__ = [
     "bench_command",
     "build_native_command",
     "explain_failure",
+    "duration",
+    "estimate_printer",
     "run_command",
     "short_summary",
+    "sized_defaults_note",
 ]
 
 #: What a command may raise that is no fault of the program (beyond the invalid
@@ -221,7 +225,7 @@ def _run_case(
 
     resume = args.resume is not None
     try:
-        prepare_case(case, **kwargs)  # checks the grid against the memory too
+        setup = prepare_case(case, **kwargs)  # checks the grid against the memory
         if out.exists() and not out.is_dir():
             raise ValueError(f"--out {str(out)!r} exists and is not a directory.")
         _check_creatable("--out", out)
@@ -238,6 +242,9 @@ def _run_case(
         newest = sorted(out.glob("checkpoints/step_*.npz"))
         where = newest[-1].name if newest else "the start (no checkpoint yet)"
         print(f"resuming {str(out)!r} from {where}", file=sys.stderr)
+    note = sized_defaults_note(case, kwargs)
+    if note:
+        print(note, file=sys.stderr)
     tic = time.perf_counter()
     try:
         result = run_case(
@@ -247,6 +254,7 @@ def _run_case(
             overwrite=args.overwrite,
             checkpoint_every=args.checkpoint_every,
             resume=resume,
+            estimate=estimate_printer(setup),
             **kwargs,
         )
     except ResumeError as err:
@@ -260,6 +268,63 @@ def _run_case(
     return 0
 
 
+def sized_defaults_note(case: str, kwargs: dict) -> str:
+    """The line that names the device-sized defaults a run of ``case`` uses
+    (those not given in ``kwargs``), or ``""`` where it uses none."""
+    from lbm_jax.cases._common import device_defaults, on_gpu
+
+    here = device_defaults(case)
+    there = device_defaults(case, gpu=not on_gpu())
+    used = [name for name in here if name not in kwargs]
+    if not used:
+        return ""
+    device, other = ("GPU", "CPU") if on_gpu() else ("CPU", "GPU")
+    return (
+        f"{case}: {device}-sized defaults on this {device} backend: "
+        + ", ".join(f"{flag_of(k)} {show_value(here[k])}" for k in used)
+        + f" (on a {other}: "
+        + ", ".join(f"{flag_of(k)} {show_value(there[k])}" for k in used)
+        + "); give them to choose"
+    )
+
+
+def estimate_printer(setup: CaseSetup) -> Callable[[float, int], None]:
+    """The ``estimate`` of a case run (:func:`lbm_jax.run`): a line on stderr
+    that says how long the rest of the run will take, from its cell updates
+    (cells x steps) and the rate measured on its second hundredth."""
+    from lbm_jax.cases import CASE_INFO
+
+    cells = math.prod(setup.shape) if setup.shape else 0
+    bound = "at most " if CASE_INFO[setup.case].steady and not setup.steps_given else ""
+
+    def estimate(seconds_per_step: float, steps_left: int) -> None:
+        rate = ""
+        if cells:
+            mlups = cells / seconds_per_step / 1e6
+            rate = f"{cells * steps_left:.3g} cell updates at {mlups:.3g} MLUPs, "
+        print(
+            f"estimate: {bound}{duration(seconds_per_step * steps_left)} more for "
+            f"{steps_left} steps ({rate}measured on its second hundredth)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return estimate
+
+
+def duration(seconds: float) -> str:
+    """A length of time for people.
+
+    >>> duration(42.0), duration(500.0), duration(7200.0)
+    ('42 s', '8.3 min', '2 h')
+    """
+    if seconds < 100:
+        return f"{seconds:.2g} s"
+    if seconds < 6000:
+        return f"{seconds / 60:.2g} min"
+    return f"{seconds / 3600:.2g} h"
+
+
 def short_summary(result: CaseResult, seconds: float) -> str:
     """A few lines for people: case, grid, what ``--n`` meant, steps, storage,
     speed, the case's key figures and the number of warnings."""
@@ -270,13 +335,15 @@ def short_summary(result: CaseResult, seconds: float) -> str:
     grid = " x ".join(map(str, result.fields["rho"].shape))
     re_text = f", Re {s['re']:.4g}" if info.re else ""
     speed = "" if s.get("mlups") is None else f", {s['mlups']:.4g} MLUPs"
-    speed += f", {s['step_backend']} step" if s.get("step_backend") else ""
     shift = "" if s["shift"] else ", no shift"
     lines = [
         f"{s['case']}: {s['lattice']}, grid {grid}, --n {s['n']} = {info.n}" + re_text,
         f"{s['steps']} steps, storage {s['storage']}{shift}, {s['collision']}, "
         f"{seconds:.3g} s wall (compilation included){speed}",
     ]
+    if s.get("step_backend"):
+        why = f": {s['step_reason']}" if s.get("step_reason") else ""
+        lines.append(f"{s['step_backend']} step{why}")
     suffixes = ("_error", "_deviation", "_drift")
     keys = [k for k in info.results if k in s]
     keys += sorted(k for k in s if k.endswith(suffixes) and k not in keys)
@@ -295,8 +362,9 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     import jax
 
     from lbm_jax import bench
+    from lbm_jax.cases._common import check_grid_memory
     from lbm_jax.core._lattice import get_lattice
-    from lbm_jax.core._storage import get_storage
+    from lbm_jax.core._storage import get_storage, list_storages
 
     lattice = "D3Q19" if args.lattice is None else args.lattice
     n = 128 if args.n is None else args.n
@@ -322,10 +390,12 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 raise ValueError(f"{name} must be at least {minimum}, got {value}.")
         if args.steps is not None and args.steps < 1:
             raise ValueError(f"--steps must be at least 1, got {args.steps}.")
-        if not args.all:
-            get_lattice(lattice)
-            for storage in storages:
-                get_storage(storage)
+        problems = bench.FULL_PROBLEMS if args.all else ((lattice, n),)
+        for lat, side in problems:  # each box against the memory, before any work
+            for storage in list_storages() if args.all else storages:
+                check_grid_memory(
+                    (side,) * get_lattice(lat).d, lat, get_storage(storage), n=side
+                )
         if args.devices is not None:
             _check_decomposition(args.devices, get_lattice(lattice).d, n)
         if args.json is not None:
@@ -335,7 +405,7 @@ def bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                 )
             _check_creatable("--json", Path(args.json).parent)
     except (ValueError, TypeError) as err:
-        parser.error(str(err))
+        parser.error(as_flags(str(err)))
     measure = {
         "steps": args.steps,
         "repeats": args.repeats,

@@ -11,20 +11,48 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-__all__ = ["RUN_ARGUMENTS", "Parser", "build_parser", "flag_of", "show_value"]
+from lbm_jax.core._lattice import did_you_mean
+
+__all__ = [
+    "RUN_ARGUMENTS",
+    "Parser",
+    "build_parser",
+    "choice_of",
+    "flag_of",
+    "show_value",
+]
 
 #: run's own flags that name a prepare_case argument (the case options come on top)
 RUN_ARGUMENTS = ("n", "re", "storage", "shift", "steps")
 
 
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose epilog is built only when its help is shown.
+def choice_of(names: Sequence[str]) -> Callable[[str], str]:
+    """An argparse ``type`` that accepts one of ``names`` and refuses any other
+    value with the closest names (:func:`did_you_mean`) and the full list."""
 
-    ``epilog_factory`` returns the epilog; the case table it builds for ``run``
-    prepares every case, which ``--help`` alone should pay for.
+    def check(value: str) -> str:
+        if value in names:
+            return value
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {value!r}{did_you_mean(value, names)}; choose from "
+            f"{', '.join(names)}"
+        )
+
+    return check
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors come first, and whose epilog is built
+    only when its help is shown.
+
+    An error prints ``error: <message>`` and one line that points to ``--help``
+    (no usage block), and exits with status 2; an unrecognized flag is answered
+    with the closest flags the command takes. ``epilog_factory`` returns the
+    epilog; the case table it builds for ``run`` prepares every case, which
+    ``--help`` alone should pay for.
     """
 
     def __init__(
@@ -33,15 +61,37 @@ class Parser(argparse.ArgumentParser):
         epilog_factory: Callable[[], str] | None = None,
         **kwargs: Any,
     ) -> None:
+        #: Every flag this parser takes, for the closest ones to a mistyped flag.
+        self.flags: list[str] = []
         super().__init__(*args, **kwargs)
         self._epilog_factory = epilog_factory
         #: The subcommands' parsers by name, whose usage their errors print.
-        self.commands: dict[str, argparse.ArgumentParser] = {}
+        self.commands: dict[str, Parser] = {}
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags += action.option_strings
+        return action
 
     def format_help(self) -> str:
         if self._epilog_factory is not None and self.epilog is None:
             self.epilog = self._epilog_factory()
         return super().format_help()
+
+    def error(self, message: str) -> NoReturn:
+        """Print the message, then where the usage is; exit with status 2."""
+        self.exit(2, f"error: {message}\n({self.prog} --help for usage)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, with the closest flags named for unrecognized ones."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            named = ", ".join(
+                e + did_you_mean(e.split("=")[0], command.flags) for e in extras
+            )
+            command.error(f"unrecognized arguments: {named}")
+        return parsed
 
 
 def flag_of(name: str) -> str:
@@ -64,16 +114,28 @@ def _case_table() -> str:
     """The epilog of ``run --help``: what ``--n`` counts in each case, and the
     defaults the case uses for every flag it takes."""
     from lbm_jax.cases import CASE_INFO, case_defaults
+    from lbm_jax.cases._common import device_defaults, on_gpu
 
-    lines = ["cases: what --n counts, and the defaults of the flags each case takes:"]
+    device, other = ("GPU", "CPU") if on_gpu() else ("CPU", "GPU")
+    lines = [
+        "cases: what --n counts, and the defaults of the flags each case takes",
+        f"(on this {device} backend; [on a {other}] where the default depends on it):",
+    ]
     indent = " " * 24
     for case, info in CASE_INFO.items():
         defaults = case_defaults(case)
         n, steps = defaults.pop("n"), defaults.pop("steps")
         note = f" [{info.n_note}]" if info.n_note else ""
         lines.append(f"  {case:<21} --n {n} = {info.n}{note}")
+        there = {
+            name: f" [{show_value(value)} on a {other}]"
+            for name, value in device_defaults(case, gpu=not on_gpu()).items()
+        }
         text = ", ".join(
-            [f"{flag_of(name)} {show_value(value)}" for name, value in defaults.items()]
+            [
+                f"{flag_of(name)} {show_value(value)}{there.get(name, '')}"
+                for name, value in defaults.items()
+            ]
             + [f"--steps {steps}" + (" at most (until steady)" if info.steady else "")]
         )
         lines += textwrap.wrap(
@@ -124,7 +186,11 @@ def _add_run(sub: Any) -> Parser:
         epilog_factory=_case_table,
     )
     run.add_argument(
-        "case", nargs="?", choices=CASES, help="case name (optional with --resume)"
+        "case",
+        nargs="?",
+        type=choice_of(CASES),
+        choices=CASES,
+        help="case name (optional with --resume)",
     )
     run.add_argument(
         "--n",
@@ -157,9 +223,10 @@ def _add_run(sub: Any) -> Parser:
     )
     for name, option in CLI_OPTIONS.items():
         only = "" if option.cases == CASES else f" [{', '.join(option.cases)}]"
+        closed = option.choices is not None and option.type is str
         run.add_argument(
             flag_of(name),
-            type=option.type,
+            type=choice_of(option.choices) if closed else option.type,
             choices=option.choices,
             default=None,
             help=option.help + only + case_default,
@@ -243,6 +310,7 @@ def _add_bench(sub: Any) -> Parser:
     )
     bench.add_argument(
         "--collision",
+        type=choice_of(collisions),
         choices=collisions,
         default="bgk",
         help="collision operator (default: %(default)s)",
@@ -268,15 +336,18 @@ def _add_bench_implementation(bench: Parser) -> None:
     )
     bench.add_argument(
         "--backend",
+        type=choice_of(BACKENDS),
         choices=BACKENDS,
         default="auto",
         help="the step's backend: auto picks the fused GPU step on a GPU and "
         "the fused native CPU step on a CPU where they cover the "
         "configuration, else XLA (default: %(default)s)",
     )
+    streamings = [s.value for s in Streaming]
     bench.add_argument(
         "--streaming",
-        choices=[s.value for s in Streaming],
+        type=choice_of(streamings),
+        choices=streamings,
         default="auto",
         help="keep the populations in one buffer updated in place, or pull into "
         "a second one (default: %(default)s)",

@@ -215,6 +215,7 @@ def run(
     window: int = 64,
     checkpoint: Checkpoint | None = None,
     every: int | None = None,
+    estimate: Callable[[float, int], None] | None = None,
 ) -> RunResult:
     """Advance ``state`` by ``steps`` steps of ``step``, checked, sampled, timed.
 
@@ -252,6 +253,11 @@ def run(
             than asked for).
         every: Deprecated alias of ``callback_every`` (it warns; removed in the
             next release).
+        estimate: Called once on the host as ``estimate(seconds_per_step,
+            steps_left)`` after two chunks of a hundredth of the steps each, the
+            first a warm-up and the second timed (compilation excluded), before
+            the bulk of the run: what a caller needs to say how long the rest
+            will take (at most: ``stop`` may end it sooner).
 
     Returns:
         A :class:`RunResult` ``(state, samples, stats)``. Step numbers (in
@@ -290,6 +296,8 @@ def run(
         raise ValueError("callback needs callback_every=<steps between calls>.")
     if callback_every is not None:
         callback_every = check_int(callback_every, "callback_every", 1)
+    if estimate is not None and not callable(estimate):
+        raise TypeError(f"estimate must be callable, got {estimate!r}.")
     if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
         raise TypeError(
             f"checkpoint must be a lbm_jax.Checkpoint, got {type(checkpoint).__name__}."
@@ -317,6 +325,7 @@ def run(
         callback_every=callback_every,
         progress=progress,
         checkpoint=checkpoint,
+        estimate=estimate,
     )
     return now.result(plan, cells, seconds, compile_seconds)
 
@@ -507,11 +516,14 @@ def _chunks(
     callback_every: int | None,
     progress: bool,
     checkpoint: Checkpoint | None,
+    estimate: Callable[[float, int], None] | None,
 ) -> float:
     """Run compiled chunks until ``steps`` are done or ``stop`` ends the run;
     the seconds they took. Chunks end at every multiple of ``callback_every`` and
     of the checkpoint interval, every hundredth of the run with ``progress``, and
-    after at most ``window`` samples."""
+    after at most ``window`` samples; with ``estimate``, the first two chunks are
+    a hundredth of the steps left each, and ``estimate`` is given the second's
+    rate."""
     chunk = callback_every if callback_every is not None else steps
     if progress:
         chunk = min(chunk, max(1, -(-steps // 100)))
@@ -519,16 +531,23 @@ def _chunks(
         chunk = min(chunk, plan.window * plan.sample_every)
     boundaries = [n for n in (callback_every, checkpoint and checkpoint.every) if n]
     seconds = 0.0
+    # with ``estimate``: two chunks of a hundredth each, the first warms up
+    hundredth = -(-(steps - now.done) // 100)
+    short = 2 if estimate is not None else 0
     with tqdm(total=steps, initial=now.done, disable=not progress, unit="step") as bar:
         while now.done < steps and not now.stopped:
             done = now.done
-            end = min([done + chunk, steps] + [(done // n + 1) * n for n in boundaries])
+            end = min(
+                [done + (hundredth if short else chunk), done + chunk, steps]
+                + [(done // n + 1) * n for n in boundaries]
+            )
             tic = time.perf_counter()
             now.state, now.buffer, count, t, bad, last_good, stop_flag = _call(
                 plan, dynamic, now, end
             )
             t = int(t)  # waits for the chunk
-            seconds += time.perf_counter() - tic
+            took = time.perf_counter() - tic
+            seconds += took
             count = int(count)
             if now.buffer is not None and count > now.count:
                 host = jax.device_get(now.buffer)
@@ -547,6 +566,11 @@ def _chunks(
                 now.save(checkpoint, plan)
             if callback is not None and t % callback_every == 0:
                 callback(now.state)
+            short -= short > 0
+            if estimate is not None and short == 0 and t > done:
+                if t < steps and not now.stopped:
+                    estimate(took / (t - done), steps - t)
+                estimate = None
     return seconds
 
 

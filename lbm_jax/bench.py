@@ -302,7 +302,9 @@ def bench(
 
 
 def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES):
-    """Validated ``(lattice, storage policy, steps)`` of one benchmark run."""
+    """Validated ``(lattice, storage policy, steps)`` of one benchmark run, its
+    box checked against the memory (as a case's grid) before any work."""
+    from lbm_jax.cases._common import check_grid_memory
     from lbm_jax.core._lattice import get_lattice
     from lbm_jax.core._storage import get_storage
 
@@ -312,6 +314,7 @@ def _checked(lattice, n, storage, shift, steps, repeats, updates=DEFAULT_UPDATES
     for name, value, minimum in (("n", n, 4), ("repeats", repeats, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    check_grid_memory((n,) * lat.d, lat.name, policy, n=n)
     if steps is None:
         steps = steps_for(n**lat.d, updates)
     elif isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

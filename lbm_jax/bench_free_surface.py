@@ -27,7 +27,6 @@ The exit status is 1 when a storage's median ratio is below ``--target``
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from lbm_jax._cli_parser import Parser, choice_of
 from lbm_jax.step._backend import BACKENDS
 
 __all__ = ["TARGET_RATIO", "bench_free_surface", "main"]
@@ -159,7 +159,7 @@ def bench_free_surface(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; returns the exit status (1: a ratio below the target)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m lbm_jax.bench_free_surface",
         description="Free-surface step MLUPs against the plain step's (D3Q19).",
     )
@@ -168,7 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument(
+        "--backend", default="auto", type=choice_of(BACKENDS), choices=BACKENDS
+    )
     parser.add_argument("--target", type=float, default=TARGET_RATIO)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

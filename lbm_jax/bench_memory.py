@@ -58,6 +58,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from lbm_jax._cli_parser import Parser
+
 __all__ = [
     "OPERATIONS",
     "TOLERANCE",
@@ -528,7 +530,7 @@ def table(rows: Sequence[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m lbm_jax.bench_memory")
+    parser = Parser(prog="python -m lbm_jax.bench_memory")
     parser.add_argument("--n", type=int, default=96, help="cube side (default 96)")
     parser.add_argument("--storage", default="fp32,fp16s")
     parser.add_argument("--lattice", default="D3Q19")

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +195,7 @@ def run_case(
     overwrite: bool = False,
     checkpoint_every: int | None = None,
     resume: bool = False,
+    estimate: Callable[[float, int], None] | None = None,
     **case_options: Any,
 ) -> CaseResult:
     """Run one validation case and compare it with its reference.
@@ -225,6 +226,8 @@ def run_case(
             the code version must be those it was started with. The result equals
             an uninterrupted run's bit for bit. A finished run whose outputs are
             written is refused unless ``overwrite`` (which writes them again).
+        estimate: ``estimate(seconds_per_step, steps_left)``, called once after
+            a first timed hundredth of the run (see :func:`lbm_jax.run`).
         **case_options: Case-specific options, e.g. ``collision="bgk"``,
             ``u_ref=0.05``, ``lattice="D3Q19"`` for the cavity.
 
@@ -250,7 +253,7 @@ def run_case(
                 "checkpoint_every and resume need out_dir: the checkpoints live in "
                 "out_dir/checkpoints."
             )
-        return _run(setup, None, progress)
+        return _run(setup, None, progress, estimate=estimate)
     out = _check_out_dir(out_dir, needs_record=resume and checkpoint_every is None)
     with folder_lock(out):  # one writer at a time, refused at once
         if not resume and not overwrite and not is_empty(out):
@@ -270,7 +273,7 @@ def run_case(
             )
             if resume and not overwrite:
                 _refuse_finished(out, checkpoint, setup.steps)
-        return _run(setup, checkpoint, progress, out)
+        return _run(setup, checkpoint, progress, out, estimate=estimate)
 
 
 def _run(
@@ -278,10 +281,14 @@ def _run(
     checkpoint: Checkpoint | None,
     progress: bool,
     out: Path | None = None,
+    *,
+    estimate: Callable[[float, int], None] | None = None,
 ) -> CaseResult:
     """Run a prepared case and write its outputs to ``out`` (if given), as a set:
     the previous files stay until every new one is complete."""
-    metrics, fields, extras = setup.run(progress=progress, checkpoint=checkpoint)
+    metrics, fields, extras = setup.run(
+        progress=progress, checkpoint=checkpoint, estimate=estimate
+    )
     summary = _common.jsonable({**setup.summary(), "warnings": [], **metrics})
     files: tuple[Path, ...] = ()
     if out is not None:

@@ -29,10 +29,14 @@ __all__ = [
     "available_memory",
     "bytes_per_cell",
     "case_names",
+    "check_grid_memory",
     "check_memory",
     "check_speed",
+    "device_defaults",
     "jsonable",
+    "on_gpu",
     "prepare",
+    "step_fields",
 ]
 
 
@@ -298,14 +302,19 @@ class CaseSetup:
         }
 
     def run(
-        self, *, progress: bool = False, checkpoint: Checkpoint | None = None
+        self,
+        *,
+        progress: bool = False,
+        checkpoint: Checkpoint | None = None,
+        estimate: Callable[[float, int], None] | None = None,
     ) -> tuple[dict, dict, dict]:
         """Run the case: ``(metrics, fields, extra arrays for fields.npz)``.
 
-        ``progress`` and ``checkpoint`` go to :func:`lbm_jax.run`, which every
-        case's runner calls once.
+        ``progress``, ``checkpoint`` and ``estimate`` go to :func:`lbm_jax.run`,
+        which every case's runner calls once.
         """
-        return self.runner(self, {"progress": progress, "checkpoint": checkpoint})
+        driver = {"progress": progress, "checkpoint": checkpoint, "estimate": estimate}
+        return self.runner(self, driver)
 
     def build(self) -> tuple[Any, Any]:
         """The case's model and initial state, as its runner steps them.
@@ -400,11 +409,43 @@ def prepare(
             raise ValueError(f"re must be positive, got {re}.")
     policy = resolve_storage(storage, shift)
     module = importlib.import_module(CASE_INFO[case].module)
+    sized = {k: v for k, v in device_defaults(case).items() if k not in options}
+    sized_n = sized.pop("n", None)
+    n = sized_n if n is None else n
     setup = module.prepare(
-        case, n=n, re=re, storage=policy, steps=resolve_steps(steps), options=options
+        case,
+        n=n,
+        re=re,
+        storage=policy,
+        steps=resolve_steps(steps),
+        options={**sized, **options},
     )
     check_memory(setup)
     return setup
+
+
+def on_gpu() -> bool:
+    """Whether the default JAX backend is an accelerator (a case's defaults
+    are then its GPU-sized ones, :func:`device_defaults`)."""
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def device_defaults(case: str, gpu: bool | None = None) -> dict[str, Any]:
+    """The case's defaults that depend on the device, as used on a GPU
+    (``gpu=True``), on a CPU (``False``) or on the default backend (``None``).
+
+    A case module declares them as ``DEVICE_DEFAULTS[case] = {option: (on a CPU,
+    on a GPU)}``: paper-sized runs on a GPU, runs of minutes on a CPU.
+
+    >>> device_defaults("capsule", gpu=False), device_defaults("capsule", gpu=True)
+    ({'radius': 5.0}, {'radius': 12.0})
+    """
+    module = importlib.import_module(CASE_INFO[case].module)
+    pairs = getattr(module, "DEVICE_DEFAULTS", {}).get(case, {})
+    gpu = on_gpu() if gpu is None else gpu
+    return {name: pair[1] if gpu else pair[0] for name, pair in pairs.items()}
 
 
 def bytes_per_cell(lattice: str, storage: StoragePolicy) -> int:
@@ -442,34 +483,65 @@ def available_memory() -> tuple[int, str]:
 
 
 def check_memory(setup: CaseSetup, *, floor: int = 2**30) -> None:
+    """Refuse a case's grid that cannot fit the memory, before anything is
+    allocated (:func:`check_grid_memory`; a case of unknown shape passes)."""
+    if setup.shape is not None:
+        check_grid_memory(
+            setup.shape, setup.lattice, setup.storage, n=setup.n, floor=floor
+        )
+
+
+def check_grid_memory(
+    shape: tuple[int, ...],
+    lattice: str,
+    storage: StoragePolicy,
+    *,
+    n: int,
+    floor: int = 2**30,
+) -> None:
     """Refuse a grid that cannot fit the memory, before anything is allocated.
 
-    Grids needing less than ``floor`` bytes pass unchecked (no device query).
+    Grids needing less than ``floor`` bytes (:func:`bytes_per_cell` each) pass
+    unchecked (no device query).
+
+    Args:
+        shape: The grid, wall layers included.
+        lattice, storage: What each cell holds.
+        n: The resolution the grid was made from (the advice scales it).
+        floor: Bytes below which no check is made.
 
     Raises:
         ValueError: If the grid needs more memory than is available, with the
             bytes per cell and the largest ``n`` that fits.
     """
-    if setup.shape is None:
-        return
-    cells = math.prod(setup.shape)
-    per_cell = bytes_per_cell(setup.lattice, setup.storage)
+    cells = math.prod(shape)
+    per_cell = bytes_per_cell(lattice, storage)
     need = cells * per_cell
     if need < floor:
         return
     free, where = available_memory()
     if need <= free:
         return
-    d = len(setup.shape)
-    fits = max(1, math.floor(setup.n * (free / need) ** (1.0 / d)))
-    grid = " x ".join(map(str, setup.shape))
+    d = len(shape)
+    fits = max(1, math.floor(n * (free / need) ** (1.0 / d)))
+    grid = " x ".join(map(str, shape))
     raise ValueError(
-        f"n={setup.n} gives a grid of {grid} = {cells:.3g} cells; at "
-        f"{per_cell} bytes per cell ({setup.lattice}, {setup.storage.name} "
+        f"n={n} gives a grid of {grid} = {cells:.3g} cells; at "
+        f"{per_cell} bytes per cell ({lattice}, {storage.name} "
         f"storage) the run needs at least {need / 2**30:.3g} GiB, but only "
         f"{free / 2**30:.3g} GiB of {where} is free. Lower n (about {fits} "
         "fits) or use a 16-bit storage."
     )
+
+
+def step_fields(model: Any, *, per_call_force: bool = False) -> dict[str, Any]:
+    """A summary's ``step_backend`` (the step that ran: ``"native"``, ``"gpu"``
+    or ``"xla"``) and ``step_reason`` (why no faster backend ran, or ``None``)
+    for a :class:`~lbm_jax.Simulation` or a free surface; ``per_call_force``:
+    the steps take a force per call (the backend of such a step, see
+    :attr:`lbm_jax.Simulation.backends`)."""
+    backend = model.backends["step_force"] if per_call_force else model.backend
+    return {"step_backend": backend, "step_reason": model.backend_reason}
 
 
 def jsonable(obj: Any) -> Any:

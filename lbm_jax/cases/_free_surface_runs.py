@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from lbm_jax.cases import _common
 from lbm_jax.cases._common import CaseSetup
 
 __all__ = [
@@ -101,7 +102,7 @@ def run_static_drop(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": fs.backend,
+        **_common.step_fields(fs),
         "radius_volume": radius,
         "laplace_pressure": pressure,
         "laplace_theory": theory,
@@ -142,7 +143,7 @@ def run_capillary_wave(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": fs.backend,
+        **_common.step_fields(fs),
         "frequency": fit["frequency"],
         "frequency_error": abs(fit["frequency"] - w) / w,
         "damping": fit["damping"],
@@ -224,7 +225,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": fs.backend,
+        **_common.step_fields(fs),
         "crown_exponent": exponent,
         "crown_prefactor": prefactor,
         "crown_fit_samples": int(window.sum()),

@@ -8,7 +8,8 @@ with Ladd's moving-wall term), periodic in x and y. D3Q19, the fluid starts from
 the linear shear profile (no spin-up); the capsule starts as a sphere at the
 centre of the box.
 
-Parameters: ``radius`` (default 12 cells: :data:`DEFAULT_RADIUS`), ``n`` the
+Parameters: ``radius`` (default 12 cells on a GPU, :data:`DEFAULT_RADIUS`, and 5
+on a CPU, :data:`CPU_RADIUS`), ``n`` the
 channel height ``H`` in cells (default ``10 r``; the box
 is ``width x width x H`` fluid cells, ``width`` default ``H``),
 ``re = gamma_dot r^2 / nu`` (default 0.02), ``tau`` (default 1), the capillary
@@ -56,8 +57,10 @@ from lbm_jax.core._units import check_tau, viscosity
 from lbm_jax.core._validation import check_int
 
 __all__ = [
+    "CPU_RADIUS",
     "DEFAULT_DELTA",
     "DEFAULT_RADIUS",
+    "DEVICE_DEFAULTS",
     "deformation_theory",
     "fit_relaxation",
     "mesh_nodes",
@@ -74,9 +77,16 @@ RELAXATION_S = 0.2484
 #: 6.5 % at r = 5 with the 2-point delta function, 15.7 % and 12.2 % with the
 #: 4-point one, so about 3 % expected at r = 12 with 2 points and 5.2 % with
 #: 4); the full-scale convergence study (``python -m experiments lbm_capsule
-#: --full``) checks r = 12 against the 5 % target. A 120^3 box: a GPU run; on a
-#: CPU give ``radius=5`` (a 50^3 box, minutes).
+#: --full``) checks r = 12 against the 5 % target. A 120^3 box: the default on a
+#: GPU; on a CPU the default is :data:`CPU_RADIUS` (:data:`DEVICE_DEFAULTS`).
 DEFAULT_RADIUS = 12.0
+
+#: Default capsule radius on a CPU backend (cells): a 50^3 box, minutes on two
+#: cores, with D about 6.5 % above theory (2-point delta function).
+CPU_RADIUS = 5.0
+
+#: The defaults that depend on the device: option -> (on a CPU, on a GPU).
+DEVICE_DEFAULTS = {"capsule": {"radius": (CPU_RADIUS, DEFAULT_RADIUS)}}
 
 #: Default width of the delta function (points). The 2-point kernel's narrower
 #: support about halves the effective-radius error of the 4-point one (measured
@@ -415,7 +425,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
         # the membrane force is passed per call (ImmersedBoundary.step)
-        "step_backend": sim.backends["step_force"],
+        **_common.step_fields(sim, per_call_force=True),
         "taylor_deformation": d_last,
         "deformation_theory": d_theory,
         "deformation_error": abs(d_last - d_theory) / d_theory if steady_d else None,

@@ -28,7 +28,7 @@ import numpy as np
 
 from lbm_jax.cases import _common, _reference
 from lbm_jax.cases._common import CaseSetup
-from lbm_jax.core._lattice import list_lattices
+from lbm_jax.core._lattice import did_you_mean, list_lattices
 from lbm_jax.core._units import check_tau, tau_from_re
 from lbm_jax.core._validation import check_int
 
@@ -109,7 +109,9 @@ def prepare(
         lattice = "D3Q19" if case == "cavity3d" else "D2Q9"
     if not isinstance(lattice, str) or lattice.upper() not in list_lattices():
         raise ValueError(
-            f"Unknown cavity lattice {lattice!r}; expected one of {list_lattices()}."
+            f"Unknown cavity lattice {lattice!r}"
+            f"{did_you_mean(str(lattice).upper(), list_lattices())}; expected one of "
+            f"{list_lattices()}."
         )
     lattice = lattice.upper()
     if case == "cavity3d" and lattice == "D2Q9":
@@ -242,7 +244,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics: dict[str, Any] = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": sim.backend,
+        **_common.step_fields(sim),
         "u_min_centre": float(lines["u"].min()),
         "v_min_centre": float(lines["v"].min()),
         "v_max_centre": float(lines["v"].max()),

@@ -360,7 +360,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics: dict[str, Any] = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": sim.backend,
+        **_common.step_fields(sim),
         "grid": list(sim.shape),
         "sample_every": every,
         # too few periods to measure (the warning says so): no figure

@@ -159,7 +159,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": result.stats.total_steps,
         "mlups": result.stats.mlups,
-        "step_backend": sim.backend,
+        **_common.step_fields(sim),
         "force": g,
         "l2_error": float(
             np.linalg.norm(u[0] - exact[None])

@@ -160,7 +160,7 @@ def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     metrics = {
         "steps": t_end,
         "mlups": result.stats.mlups,
-        "step_backend": sim.backend,
+        **_common.step_fields(sim),
         "decay_rate": rate,
         "decay_rate_exact": rate_exact,
         "decay_rate_error": abs(rate - rate_exact) / rate_exact,

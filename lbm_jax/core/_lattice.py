@@ -17,15 +17,17 @@ True
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import itertools
+from collections.abc import Iterable
 from fractions import Fraction
 
 import numpy as np
 
 from lbm_jax.core._units import CS2
 
-__all__ = ["Lattice", "get_lattice", "list_lattices"]
+__all__ = ["Lattice", "did_you_mean", "get_lattice", "list_lattices"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -195,7 +197,8 @@ def get_lattice(name: str | Lattice) -> Lattice:
     key = name.upper()
     if key not in _TABLES:
         raise ValueError(
-            f"Unknown lattice {name!r}; expected one of {list_lattices()}."
+            f"Unknown lattice {name!r}{did_you_mean(key, _TABLES)}; expected one "
+            f"of {list_lattices()}."
         )
     return _named_lattice(key)
 
@@ -205,6 +208,20 @@ def _named_lattice(key: str) -> Lattice:
     """The one shared instance of a tabulated lattice (built once per process)."""
     d, weights = _TABLES[key]
     return _build(key, d, weights)
+
+
+def did_you_mean(given: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the names closest to ``given``, or ``""``.
+
+    >>> did_you_mean("cavty", ["cavity", "cavity3d", "capsule"])
+    " (did you mean 'cavity' or 'cavity3d'?)"
+    >>> did_you_mean("xyz", ["cavity"])
+    ''
+    """
+    close = difflib.get_close_matches(given, [str(n) for n in names], n=3)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(map(repr, close))}?)"
 
 
 def list_lattices() -> tuple[str, ...]:

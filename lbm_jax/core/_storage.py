@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lbm_jax.core._lattice import did_you_mean
 from mpjax import formats as _formats
 
 __all__ = ["StoragePolicy", "get_storage", "list_storages"]
@@ -179,8 +180,9 @@ def get_storage(
         )
     canon = _LOOKUP.get(name.strip().lower())
     if canon is None:
+        close = did_you_mean(name.strip().lower(), _LOOKUP)
         raise ValueError(
-            f"Unknown storage policy {name!r}; expected one of "
+            f"Unknown storage policy {name!r}{close}; expected one of "
             f"{list_storages()}, the short names "
             f"{tuple(v[0] for v in _POLICIES.values())} or a stored format's name "
             f"{tuple(v[2] for v in _POLICIES.values())}."

@@ -134,7 +134,7 @@ def choose(asked: str | Backend, candidates: Sequence[Candidate], what: str) -> 
     """
     backend = parse_backend(asked)
     if backend is Backend.XLA:
-        return Choice(Backend.XLA, None)
+        return Choice(Backend.XLA, "backend='xla' was asked for")
     if backend is not Backend.AUTO:
         named = [c for c in candidates if c.backend is backend]
         why = (
@@ -155,5 +155,5 @@ def choose(asked: str | Backend, candidates: Sequence[Candidate], what: str) -> 
             return Choice(cand.backend, None)
         if cand.why_not is None and cand.on_fallback is not None:
             cand.on_fallback(why)
-        reasons.append(f"{cand.backend.value}: {why}")
+        reasons.append(why)
     return Choice(Backend.XLA, "; ".join(reasons) or None)

@@ -92,7 +92,7 @@ def warn_fallback(why: str) -> None:
     warnings.warn(
         f"the native CPU step is unavailable, so the XLA step runs (same results, "
         f"slower): {why}. `python -m lbm_jax build-native` retries the build and "
-        "reports; Simulation(kernel='xla') runs the XLA step without trying.",
+        "reports; Simulation(backend='xla') runs the XLA step without trying.",
         NativeStepWarning,
         stacklevel=3,
     )

@@ -26,6 +26,15 @@ SUMMARY_KEYS = {
 }
 
 
+def error_line(err: str) -> str:
+    """The message of a refused command line: ``error: <message>`` comes first,
+    then one line that points to ``--help`` (no usage block)."""
+    first, hint, *rest = err.splitlines()
+    assert first.startswith("error: ") and not rest, err
+    assert re.fullmatch(r"\(python -m lbm_jax(?: \S+)? --help for usage\)", hint), err
+    return first
+
+
 @pytest.mark.parametrize(
     ("argv", "rho_shape", "u_shape", "metrics"),
     [
@@ -79,14 +88,21 @@ def test_cli_run_writes_fields_summary_and_png(
     # A short summary for people; the full one stays in summary.json.
     printed = capsys.readouterr().out
     assert '"case"' not in printed
-    assert len(printed.splitlines()) <= 8
+    assert len(printed.splitlines()) <= 9
     n = argv[argv.index("--n") + 1]
     assert f"--n {n} = {CASE_INFO[argv[0]].n}" in printed
     assert f"{summary['steps']} steps, storage {summary['storage']}" in printed
     assert f"full summary: {out / 'summary.json'}" in printed
     assert f"wrote {out / 'fields.npz'}" in printed
     assert summary["step_backend"] in ("native", "xla", "gpu")
-    assert f"{summary['step_backend']} step" in printed
+    # one line: which step ran and, where not the backend's fused step, why
+    lines = printed.splitlines()
+    (step_line,) = [x for x in lines if re.match(r"(native|xla|gpu) step", x)]
+    assert step_line.startswith(f"{summary['step_backend']} step")
+    if summary["step_reason"] is None:
+        assert summary["step_backend"] in ("native", "gpu")
+    else:
+        assert step_line.endswith(f" step: {summary['step_reason']}")
     for key in metrics & set(CASE_INFO[argv[0]].results):
         assert f"{key} " in printed
 
@@ -114,7 +130,7 @@ def test_cli_bad_input_exits_2_with_message(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in error_line(capsys.readouterr().err)
     assert not (tmp_path / "X").exists()
 
 
@@ -183,7 +199,7 @@ def test_capillary_wave_refusal_names_flags_that_exist(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2
-    err = capsys.readouterr().err.splitlines()[-1]
+    err = error_line(capsys.readouterr().err)
     assert "the frequency fit needs at least 8: give --steps >=" in err
     assert "raise samples" not in err  # no such flag
     usage = build_parser().commands["run"].format_usage()
@@ -303,7 +319,7 @@ def test_cli_errors_name_flags_as_typed(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
         main(["run", *argv, "--out", str(tmp_path / "x")])
     assert exc.value.code == 2
-    error = capsys.readouterr().err.splitlines()[-1]
+    error = error_line(capsys.readouterr().err)
     assert message in error
     # no parameter names (u_ref, samples_per_time) outside quoted case names
     unquoted = re.sub(r"'[^']*'", "", error)
@@ -343,3 +359,118 @@ def test_cli_bench_collision_and_rounds_apply_in_every_mode(tmp_path, storage):
     for result in report["results"]:
         assert result["collision"] == "trt"
         assert len(result["mlups_rounds"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["run", "cavity", "--nn", "32", "--out", "X"], "--nn (did you mean '--n'?)"),
+        (["run", "cavty", "--out", "X"], "'cavty' (did you mean 'cavity'"),
+        (["run", "cavity", "--colision", "bgk", "--out", "X"], "'--collision'"),
+        (["run", "cavity", "--collision", "bkg", "--out", "X"], "mean 'bgk'?"),
+        (["run", "cavity", "--storage", "fp16z", "--out", "X"], "mean 'fp16'"),
+        (["run", "cavity", "--lattice", "D2Q8", "--out", "X"], "mean 'D2Q9'?"),
+        (["bench", "--strage", "fp32"], "--strage (did you mean '--storage'"),
+        (["bench", "--lattice", "D3Q91"], "(did you mean 'D3Q19'"),
+        (["bench", "--backend", "nativ"], "(did you mean 'native'?)"),
+    ],
+)
+def test_cli_mistyped_names_get_the_closest_ones(tmp_path, capsys, argv, suggestion):
+    argv = [str(tmp_path / a) if a == "X" else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert suggestion in error_line(capsys.readouterr().err)
+    assert not (tmp_path / "X").exists()
+
+
+def test_cli_error_comes_first_without_the_usage_block(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "cavity", "--n", "3"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert error_line(captured.err).startswith("error: run needs a case and --out")
+    assert "usage:" not in captured.err
+
+
+def test_cli_bench_refuses_a_box_beyond_the_memory_before_any_work(capsys, monkeypatch):
+    from lbm_jax import bench
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the benchmark started before the memory check")
+
+    monkeypatch.setattr(bench, "BenchRun", no_work)
+    monkeypatch.setattr(bench, "measure_bandwidth", no_work)
+    with pytest.raises(SystemExit) as exc:  # 8e9 cells of D3Q19: terabytes
+        main(["bench", "--n", "2000"])
+    assert exc.value.code == 2
+    err = " ".join(error_line(capsys.readouterr().err).split())
+    assert "at 201 bytes per cell (D3Q19, FP32/FP32 storage)" in err
+    assert "Lower --n (about" in err
+    # the library refuses it too, before building anything
+    with pytest.raises(ValueError, match="bytes per cell"):
+        bench.bench("D2Q9", 200_000)
+    with pytest.raises(ValueError, match="bytes per cell"):
+        bench.bench_all(problems=(("D3Q19", 2000),), storages=("fp16s",))
+
+
+def test_cli_run_estimates_its_length_before_the_bulk_of_it(tmp_path, capsys):
+    argv = ["run", "taylor_green", "--n", "8", "--steps", "300"]
+    assert main([*argv, "--out", str(tmp_path / "tg")]) == 0
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("estimate: ")]
+    # a warm-up hundredth (3 steps) and a timed one, then the estimate
+    assert re.fullmatch(
+        r"estimate: [\d.]+ (s|min|h) more for 294 steps \(1\.88e\+04 cell updates "
+        r"at [\d.e+]+ MLUPs, measured on its second hundredth\)",
+        line,
+    ), line
+
+
+def test_cli_capsule_defaults_are_sized_for_the_backend(tmp_path, capsys, monkeypatch):
+    import jax
+
+    import lbm_jax.cases as cases
+    from lbm_jax._cli_commands import sized_defaults_note
+    from lbm_jax.cases._common import device_defaults
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU-sized defaults are checked on a CPU backend")
+    assert device_defaults("capsule", gpu=False) == {"radius": 5.0}
+    assert device_defaults("capsule", gpu=True) == {"radius": 12.0}  # the paper's
+    defaults = case_defaults("capsule")
+    assert defaults["radius"] == 5.0 and defaults["n"] == 50  # a 50^3 box
+    assert prepare_case("capsule", radius=12.0).n == 120
+    note = sized_defaults_note("capsule", {})
+    assert note == (
+        "capsule: CPU-sized defaults on this CPU backend: --radius 5 (on a GPU: "
+        "--radius 12); give them to choose"
+    )
+    assert sized_defaults_note("capsule", {"radius": 8.0}) == ""
+    assert sized_defaults_note("cavity", {}) == ""
+    # stated in the help text ...
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(on this CPU backend; [on a GPU] where the default depends on it)" in (
+        help_text
+    )
+    assert "capsule --n 50 = channel height H" in help_text
+    assert "--radius 5 [12 on a GPU]" in help_text
+
+    # ... and in the run's first lines, before it runs
+    def not_yet(*args, **kwargs):
+        raise RuntimeError("the run started")
+
+    monkeypatch.setattr(cases, "run_case", not_yet)
+    with pytest.raises(RuntimeError, match="the run started"):
+        main(["run", "capsule", "--out", str(tmp_path / "c")])
+    assert capsys.readouterr().err.splitlines()[0] == note
+
+
+def test_the_virtual_environment_of_the_readme_is_not_tracked():
+    from pathlib import Path
+
+    ignored = Path(__file__).parents[2].joinpath(".gitignore").read_text()
+    assert ".venv/" in ignored.splitlines()

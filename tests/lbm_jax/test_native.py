@@ -164,6 +164,30 @@ def test_native_unsupported_configurations(lattice, storage, collision, shape, o
     if not options:
         with pytest.raises(ValueError, match="does not cover"):
             _native.make_native_step_into(lat, pol, model, shape)
+    # the reason names what this configuration lacks, and only that
+    why = _native.why_not_step(
+        lat,
+        pol,
+        model,
+        shape,
+        split_across=False,
+        force=options.get("force", False),
+        boundaries=options.get("boundaries", False),
+    )
+    lacks = {
+        "posit16s": "FP32/FP32, FP32/FP16S",
+        "posit16": "FP32/FP32, FP32/FP16S",
+        "trt": "BGK collision (got TRT)",
+        "force": "rows of a multiple of 8 cells",
+        "plane": "at least 128 cells per x-plane (got 64)",
+        "rank": "a grid of the lattice's dimension",
+    }
+    key = storage if storage.startswith("posit") else collision
+    if key == "bgk":
+        key = "force" if options else "plane" if lattice == "D3Q19" else "rank"
+    assert why.startswith("the native step needs ") and lacks[key] in why, why
+    named = [m for m in ("storage", "BGK", "x-plane", "rows", "dimension") if m in why]
+    assert len(named) == 1, why
 
 
 def test_native_unshifted_storage_unsupported():
@@ -272,8 +296,13 @@ def test_simulation_backend_choice_and_bad_input():
         states[backend] = np.asarray(sim.advance(sim.init(u=u), 5).f)
     _assert_bits_equal(states["auto"], states["xla"])
     _assert_bits_equal(states["native"], states["xla"])
-    # uncovered configurations fall back under "auto" and are refused under "native"
-    assert Simulation("D3Q19", shape, tau=0.6, storage="posit16").backend == "xla"
+    assert sim.backend_reason == "backend='xla' was asked for"
+    assert Simulation("D3Q19", shape, tau=0.6, storage="fp16s").backend_reason is None
+    # uncovered configurations fall back under "auto", saying why, and are
+    # refused under "native"
+    posit = Simulation("D3Q19", shape, tau=0.6, storage="posit16")
+    assert posit.backend == "xla"
+    assert posit.backend_reason.startswith("the native step needs FP32/FP32")
     with pytest.raises(ValueError, match="backend='native' is not available"):
         Simulation("D3Q19", shape, tau=0.6, storage="posit16", backend="native")
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -37,6 +37,33 @@ def test_run_matches_advance_bit_for_bit(sim):
     assert result.samples is None
 
 
+def test_run_estimate_comes_after_a_timed_hundredth_before_the_rest(sim):
+    calls = []
+
+    def estimate(seconds_per_step, steps_left):
+        calls.append((seconds_per_step, steps_left))
+
+    ticks = []  # the callback runs at the end of every chunk from the third on
+    result = run(
+        sim,
+        _initial(sim),
+        1000,
+        estimate=estimate,
+        callback=lambda s: ticks.append((int(s.t), len(calls))),
+        callback_every=100,
+    )
+    assert result.stats.steps == 1000
+    # a warm-up chunk of 10 steps, a timed one of 10, then the estimate
+    ((seconds, left),) = calls
+    assert left == 980 and seconds > 0
+    assert ticks[0] == (100, 1)  # given before the bulk of the run
+    # a run too short for a timed hundredth gives no estimate
+    run(sim, _initial(sim), 1, estimate=estimate)
+    assert len(calls) == 1
+    with pytest.raises(TypeError, match="estimate must be callable"):
+        run(sim, _initial(sim), 5, estimate=3)
+
+
 def test_step_method_and_plain_step_function_give_the_same_run(sim):
     expected = sim.advance(_initial(sim), 23)
     via_method = run(sim.step, _initial(sim), 23, check_every=5)
