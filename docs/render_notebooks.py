@@ -44,7 +44,9 @@ def _commit() -> str:
             ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
 
-    dirty = " (with uncommitted changes)" if git("status", "--porcelain") else ""
+    # the code the notebooks run; the docs being edited beside a run do not count
+    changed = git("status", "--porcelain", "--", "mpjax", "lbm_jax", "experiments")
+    dirty = " (with uncommitted changes to the code)" if changed else ""
     return git("rev-parse", "--short", "HEAD") + dirty
 
 
