@@ -138,7 +138,7 @@ class Simulation:
             D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S, FP32/FP16C or FP32/bfloat16
             storage, on a CPU, split along x at most), the XLA step
             elsewhere, and on a GPU the fused GPU step (one Pallas kernel per
-            step, :mod:`lbm_jax._gpu`) where it covers the configuration
+            step, ``lbm_jax._gpu``) where it covers the configuration
             (D2Q9/D3Q19/D3Q27, BGK or TRT with or without the Smagorinsky
             model, every storage, boundaries and forces, split along x at
             most); ``"native"`` and ``"gpu"``

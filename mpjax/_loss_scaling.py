@@ -512,7 +512,7 @@ def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
       opt_state: an optimizer state, or a Flax NNX optimizer or its state.
 
     Returns:
-      A float32 scalar array: the scale of the (single) loss-scaling state, 1.0
+      A float32 scalar array, the scale of the (single) loss-scaling state, 1.0
       for a :func:`no_loss_scaling` state.
 
     Raises:

@@ -223,7 +223,7 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
 
 
 def case_names() -> tuple[str, ...]:
-    """Names accepted by :func:`prepare`."""
+    """Names accepted by ``prepare``."""
     return tuple(CASE_INFO)
 
 
@@ -253,7 +253,7 @@ class CaseSetup:
         write_files: ``write_files(out, summary, fields, extras) -> paths``: the
             case's own files, written with ``out_dir`` after the common ones.
         shape: The grid the case allocates (wall layers included), checked
-            against the available memory by :func:`prepare`; ``None`` if unknown.
+            against the available memory by ``prepare``; ``None`` if unknown.
     """
 
     case: str

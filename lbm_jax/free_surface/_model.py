@@ -40,7 +40,7 @@ Three implementations compute the step: the whole-array XLA step
 (:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback), a
 native C++ CPU step (``lbm_jax/_native/lbm_free_surface.cc`` through
 ``jax.ffi``: stream-collide and surface passes over memory, the curvature only
-near the interface) and a GPU step (:mod:`lbm_jax.free_surface._gpu_step`:
+near the interface) and a GPU step (``lbm_jax.free_surface._gpu_step``:
 Pallas kernels built from the fused GPU step's parts), which ``kernel="auto"``
 picks where they cover the configuration (:func:`lbm_jax._native.
 covered_free_surface`, :func:`lbm_jax.free_surface._gpu_step.covered`). They
@@ -97,14 +97,14 @@ class FreeSurface:
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
         kernel: The step's implementation: ``"auto"`` (default) runs, on a
             GPU, the fused GPU step (Pallas kernels,
-            :mod:`lbm_jax.free_surface._gpu_step`: D2Q9/D3Q19/D3Q27, BGK or TRT,
+            ``lbm_jax.free_surface._gpu_step``: D2Q9/D3Q19/D3Q27, BGK or TRT,
             with or without the subgrid model, every storage, one device), on a
             CPU the native C++ step where it covers the configuration (the same
             lattices and collisions, FP32 or 16-bit DDF-shifted storage, one
             device), and the XLA step elsewhere, warning
             (:class:`lbm_jax.NativeStepWarning`) when the native library cannot
             be built; ``"gpu"`` and ``"native"`` require theirs; ``"xla"`` runs
-            the XLA step. :attr:`kernel` says which runs.
+            the XLA step. ``fs.kernel`` says which runs.
 
     Raises:
         ValueError: A simulation with moving walls, equilibrium cells or a force,
