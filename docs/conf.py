@@ -79,6 +79,8 @@ nb_execution_mode = "off"
 html_theme = "sphinx_book_theme"
 html_title = "mpjax + lbm_jax"
 html_theme_options = {"show_toc_level": 2, "navigation_with_keys": False}
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 
 def _skip_namedtuple_fields(app, what, name, obj, skip, options):

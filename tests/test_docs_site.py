@@ -125,6 +125,15 @@ def test_readme_python_block_runs_as_written(index, tmp_path, monkeypatch, capsy
     assert capsys.readouterr().out.strip()  # every block shows its result
 
 
+def test_guide_python_blocks_compile():
+    # tests/lbm_jax/test_docs.py runs the guides' examples and checks their output
+    pages = sorted(DOCS.rglob("*.md"))
+    blocks = [(page, block) for page in pages for block in python_blocks(page)]
+    assert len(blocks) >= 10
+    for page, block in blocks:
+        compile(block, str(page), "exec")
+
+
 def test_readme_links_lead_to_files():
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text())
     local = [t for t in targets if "://" not in t]
