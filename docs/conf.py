@@ -125,20 +125,29 @@ def _home_comment(package: str, name: str, obj: object) -> list[str] | None:
     return None
 
 
+_PROSE: dict[str, list[str]] = {}
+
+
 def _constant_and_property_docstrings(app, what, name, obj, options, lines):
     """Document a re-exported constant by its comment, not its type's docstring,
-    and read the first line of a constant's or property's docstring as prose.
+    and keep a constant's or property's docstring as written (see below).
 
-    Without the first, ``lbm_jax.MIN_TAU`` would show ``float``'s docstring. The
-    second keeps Napoleon from reading "Implementation of the step: ..." as a type
-    (this project's attribute docstrings never start with one).
+    Without the first, ``lbm_jax.MIN_TAU`` would show ``float``'s docstring.
     """
     if what not in ("data", "attribute", "property"):
         return
     package, _, short = name.rpartition(".")
     if what == "data" and lines and lines == _docstring_lines(type(obj)):
         lines[:] = _home_comment(package, short, obj) or []
-    lines.insert(0, "")
+    _PROSE[name] = list(lines)
+
+
+def _undo_inline_type(app, what, name, obj, options, lines):
+    """Napoleon reads the first line of a constant's or property's docstring as
+    ``type: description`` ("Implementation of the step: ..." would become a type);
+    this project's never start with a type, so they keep their own text."""
+    if what in ("data", "attribute", "property") and name in _PROSE:
+        lines[:] = _PROSE.pop(name)
 
 
 def _docstring_lines(obj: object) -> list[str]:
@@ -148,9 +157,10 @@ def _docstring_lines(obj: object) -> list[str]:
 
 
 def setup(app):
-    # before Napoleon (priority 500) reads the docstrings
+    # around Napoleon's reading of the docstrings (priority 500)
     app.connect(
         "autodoc-process-docstring", _constant_and_property_docstrings, priority=400
     )
+    app.connect("autodoc-process-docstring", _undo_inline_type, priority=600)
     app.connect("autodoc-skip-member", _skip_namedtuple_fields)
     app.connect("missing-reference", _type_variable_as_text)

@@ -152,7 +152,7 @@ _CYLINDERS = ("cylinder", "cylinder_unconfined")
 _AT_REST = ("static_drop", "capillary_wave")
 
 #: Case options offered on the command line; each case validates its own (an
-#: option a case does not take is refused by :func:`merge_options`).
+#: option a case does not take is refused by ``merge_options``).
 CLI_OPTIONS: Mapping[str, CliOption] = {
     "lattice": CliOption(
         str,
