@@ -64,8 +64,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"flax(\..*)?"),
     # matplotlib figures and axes returned by the plotting helpers
     (r"py:.*", r"matplotlib(\..*)?"),
-    # Python's standard library (its inventory is not fetched either)
-    (r"py:.*", r"(collections\.abc|pathlib|os|enum|abc)\.\w+"),
+    # Python's standard library (its inventory is not fetched either); Sphinx
+    # splits ``Mapping[type, ...]`` into a target ``collections.abc.Mapping[type``
+    (r"py:.*", r"(collections\.abc|pathlib|os|enum|abc)\.\w+(\[\w+)?"),
 ]
 
 # -- MyST and notebooks ---------------------------------------------------------
