@@ -50,15 +50,18 @@ def _commit() -> str:
     return git("rev-parse", "--short", "HEAD") + dirty
 
 
-def _provenance(scale: str, wall_s: float) -> str:
+def _provenance(scale: str) -> str:
+    """What the first cell says, taken as the run starts; ``{wall_s}`` is left to
+    fill in when it ends."""
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"{PROVENANCE_TITLE} This page shows the notebook "
         f"`experiments/notebooks/{{name}}.py` as it ran on {date}, at commit "
         f"`{_commit()}`, at the {scale!r} scale, on {platform.machine()} with "
-        f"{os.cpu_count()} CPU cores (no GPU unless the environment below names "
-        f"one), in {wall_s:.0f} s. The site does not run it again: "
-        "`python docs/render_notebooks.py` does, and rewrites this page."
+        f"{os.cpu_count()} CPU cores (load average {os.getloadavg()[0]:.1f} at the "
+        "start; no GPU unless the environment below names one), in {wall_s} s. "
+        "The site does not run it again: `python docs/render_notebooks.py` does, "
+        "and rewrites this page."
     )
 
 
@@ -73,6 +76,7 @@ def render(name: str, scale: str) -> Path:
         "MPJAX_EXPERIMENTS_FULL": "1" if scale == "full" else "0",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+    text = _provenance(scale)
     with tempfile.TemporaryDirectory() as scratch:
         os.environ.update(env, MPJAX_EXPERIMENTS_OUT=str(Path(scratch) / "results"))
         start = time.perf_counter()
@@ -83,7 +87,7 @@ def render(name: str, scale: str) -> Path:
             resources={"metadata": {"path": scratch}},
         ).execute()
         wall_s = time.perf_counter() - start
-    text = _provenance(scale, wall_s).replace("{name}", name)
+    text = text.replace("{name}", name).replace("{wall_s}", f"{wall_s:.0f}")
     notebook.cells.insert(0, nbformat.v4.new_markdown_cell(text))
     notebook.metadata.pop("jupytext", None)
     RENDERED.mkdir(exist_ok=True)
