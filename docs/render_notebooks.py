@@ -74,6 +74,8 @@ def render(name: str, scale: str) -> Path:
     notebook = jupytext.read(source)
     env = {
         "MPJAX_EXPERIMENTS_FULL": "1" if scale == "full" else "0",
+        # the tests' scale: seconds per pipeline, its figures only a smoke test
+        "MPJAX_EXPERIMENTS_SCALE": "tiny" if scale == "tiny" else "",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     text = _provenance(scale)
@@ -99,7 +101,7 @@ def render(name: str, scale: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="notebooks (default: all)")
-    parser.add_argument("--scale", choices=("quick", "full"), default="quick")
+    parser.add_argument("--scale", choices=("quick", "full", "tiny"), default="quick")
     args = parser.parse_args(argv)
     names = args.names or sorted(p.stem for p in SOURCES.glob("*.py"))
     for name in names:
