@@ -75,6 +75,8 @@ myst_enable_extensions = ["dollarmath"]
 # The notebooks are stored with the outputs of their last run
 # (docs/render_notebooks.py); the build renders them and never executes them.
 nb_execution_mode = "off"
+# the pipelines' tables are GitHub-flavoured Markdown (CommonMark has no tables)
+nb_render_markdown_format = "gfm"
 
 # -- HTML -------------------------------------------------------------------
 html_theme = "sphinx_book_theme"
