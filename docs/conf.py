@@ -39,8 +39,6 @@ autosummary_generate = True
 autosummary_ignore_module_all = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-# jax.typing.ArrayLike by its name, not its eight-member union
-autodoc_type_aliases = {"ArrayLike": "jax.typing.ArrayLike"}
 # tree_flatten/tree_unflatten are JAX's pytree protocol, not API to call.
 autodoc_default_options = {
     "exclude-members": "__init__, __new__, tree_flatten, tree_unflatten"
