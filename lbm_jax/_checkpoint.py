@@ -55,7 +55,7 @@ def code_version() -> str:
     """The installed package version and a fingerprint of the solver's source.
 
     ``"<version>+<12 hex digits>"``: the digits hash every file of
-    :func:`source_files` (the Python sources of ``lbm_jax`` and ``mpjax`` and
+    ``source_files`` (the Python sources of ``lbm_jax`` and ``mpjax`` and
     the native steps' C++ sources), so results and checkpoints of two different
     code versions never pass for each other, even between releases.
     """

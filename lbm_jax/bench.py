@@ -62,7 +62,7 @@ SCALE_PASSES = 20
 
 @jax.jit(donate_argnums=0)
 def _scale(x: jax.Array) -> jax.Array:
-    """``x * (1 + 1e-7)``, :data:`SCALE_PASSES` times over, in the donated buffer
+    """``x * (1 + 1e-7)``, ``SCALE_PASSES`` times over, in the donated buffer
     (each pass reads and writes the whole array on the default device)."""
     factor = jnp.float32(1.0000001)
     return jax.lax.fori_loop(0, SCALE_PASSES, lambda _, v: v * factor, x)
@@ -86,7 +86,7 @@ def stream_bandwidths(
     ``copy`` is ``b[:] = a`` in NumPy (host memory, one thread; 2 arrays moved),
     ``triad`` is ``a + s * b`` compiled by JAX into a donated output buffer (XLA
     may use every core; 3 arrays moved), ``scale`` multiplies a donated array in
-    place on the default device, :data:`SCALE_PASSES` passes in one compiled
+    place on the default device, ``SCALE_PASSES`` passes in one compiled
     call (each pass reads and writes the array once: 2 arrays moved per pass;
     the figure an accelerator reaches, free of per-call dispatch). None
     allocates while timed, so page faults of fresh memory do not count against
@@ -150,7 +150,7 @@ def measure_bandwidth(*, size_mib: int = 128, repeats: int = 5) -> float:
 
     On a CPU the best of the STREAM-like ``copy``, ``triad`` and ``scale``
     kernels; on an accelerator the device's own ``scale`` kernel on arrays of at
-    least :data:`ACCELERATOR_MIB` MiB (host copies say nothing about device
+    least ``ACCELERATOR_MIB`` MiB (host copies say nothing about device
     memory). See :func:`stream_bandwidths`.
     """
     if jax.default_backend() == "cpu":
@@ -253,7 +253,7 @@ def bench(
             :class:`lbm_jax.Simulation`).
 
     Returns:
-        A JSON-ready dict: ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
+        A JSON-ready dict of ``lattice``, ``n``, ``cells``, ``storage``, ``shift``,
         ``collision``, ``steps``, ``repeats``, ``seconds`` (median per run),
         ``mlups``, ``bytes_per_cell`` (populations loaded and stored per cell and
         step), ``bandwidth_gbs``, ``roofline_mlups``, ``roofline_fraction``,
@@ -445,8 +445,8 @@ def bench_all(
         streaming: In place or two buffers, in every run (see :func:`bench`).
 
     Returns:
-        ``{"bandwidth_gbs": float, "bandwidth_before": ..., "bandwidth_after": ...,
-        "rounds": int, "results": [bench dicts]}``.
+        A dict of ``bandwidth_gbs`` (a float), ``bandwidth_before``,
+        ``bandwidth_after``, ``rounds`` (an int) and ``results`` (bench dicts).
     """
     from lbm_jax.core._collision import parse_collision
     from lbm_jax.core._lattice import get_lattice

@@ -189,7 +189,7 @@ class Policy:
 
     Each dtype may be given as a ``numpy``/``jax.numpy`` dtype or scalar type, a
     name of the policy grammar (``"bf16"``, ``"float8_e4m3fn"``, see
-    :func:`parse_dtype`), or a native :class:`mpjax.formats.NumberFormat`
+    ``parse_dtype``), or a native :class:`mpjax.formats.NumberFormat`
     (``get_format("bfloat16")``); encoded formats such as ``fp16s`` or posits
     are rejected, since arrays cannot be cast to them.
 
@@ -343,7 +343,7 @@ def list_policies() -> tuple[str, ...]:
     One per floating dtype (that dtype for params, compute and output), ``"half"``,
     and Keras-style ``"mixed_<dtype>"`` for every narrower dtype (float32 params
     and output). Aliases of the dtype names (``"bf16"``, ``"f16"``; see
-    :func:`parse_dtype`) and the ``key=dtype`` grammar (``"p=f32,c=bf16"``) are
+    ``parse_dtype``) and the ``key=dtype`` grammar (``"p=f32,c=bf16"``) are
     accepted too.
 
     >>> "mixed_bfloat16" in list_policies()
@@ -374,7 +374,7 @@ def get_policy(spec: str | Policy | Any) -> Policy:
       for any float8 name (``"mixed_float8_e4m3fn"``): float32 params and output,
       reduced-precision compute.
 
-    Dtype names are those of :func:`parse_dtype`; float8 names such as
+    Dtype names are those of ``parse_dtype``; float8 names such as
     ``"p=f32,c=float8_e4m3fn,o=f32"`` are accepted. ``str(policy)`` always parses
     back to an equal policy.
 

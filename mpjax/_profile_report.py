@@ -48,11 +48,11 @@ class RangeFractions(NamedTuple):
     """Shares of a record's non-zero finite values, for one format.
 
     Attributes:
-        overflow: |x| > max: becomes +-Inf/NaN, or +-max where the format
+        overflow: `|x| > max`: becomes +-Inf/NaN, or +-max where the format
             saturates (see `ProfileReport.saturates`).
-        underflow: |x| < min_subnormal / 2: rounds to zero. Always 0 for formats
+        underflow: `|x| < min_subnormal / 2`: rounds to zero. Always 0 for formats
             that never flush (posits round to minpos).
-        subnormal: min_subnormal / 2 <= |x| < min_normal: held with reduced
+        subnormal: `min_subnormal / 2 <= |x| < min_normal`: held with reduced
             precision (0 for formats without subnormals).
     """
 
@@ -78,11 +78,11 @@ class Record:
             loop body, 0 for the untaken branch of a `cond`).
         zeros: number of zeros.
         nonfinite: number of Inf/NaN.
-        min_abs: smallest non-zero finite |x| (None if there is none).
-        max_abs: largest finite |x| (None if there is no non-zero finite value).
+        min_abs: smallest non-zero finite `|x|` (None if there is none).
+        max_abs: largest finite `|x|` (None if there is no non-zero finite value).
         histogram: counts of floor(log2|x|) of the non-zero finite values, one per
             exponent of the report's `bins`, clipped into the end bins.
-        rounding_error: per format, the median |round(x) - x| / |x| over a strided
+        rounding_error: per format, the median `|round(x) - x| / |x|` over a strided
             sample (None if the sample has no normal value): the lower median,
             truncated to bfloat16 precision (within a factor 1 - 2**-7 below the
             exact one). For a loop body value, the mean of the iterations'

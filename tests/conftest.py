@@ -28,7 +28,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 # the LBM step, loss scaling, Taylor-Green, the native CPU step and the compiled
 # fused GPU step, each of which skips where its device is missing): marked
 # ``backend``; ``pytest -m "backend and not slow"`` is the selection to run on a
-# GPU (README, "On a GPU").
+# GPU (docs/getting_started.md, "On a GPU").
 BACKEND_SENSITIVE = (
     "tests/mpjax/formats/",
     "tests/mpjax/test_loss_scaling",  # and test_loss_scaling_composition.py

@@ -156,7 +156,7 @@ _CYLINDERS = ("cylinder", "cylinder_unconfined")
 _AT_REST = ("static_drop", "capillary_wave")
 
 #: Case options offered on the command line; each case validates its own (an
-#: option a case does not take is refused by :func:`merge_options`).
+#: option a case does not take is refused by ``merge_options``).
 CLI_OPTIONS: Mapping[str, CliOption] = {
     "lattice": CliOption(
         str,
@@ -227,7 +227,7 @@ CLI_OPTIONS: Mapping[str, CliOption] = {
 
 
 def case_names() -> tuple[str, ...]:
-    """Names accepted by :func:`prepare`."""
+    """Names accepted by ``prepare``."""
     return tuple(CASE_INFO)
 
 
@@ -257,7 +257,7 @@ class CaseSetup:
         write_files: ``write_files(out, summary, fields, extras) -> paths``: the
             case's own files, written with ``out_dir`` after the common ones.
         shape: The grid the case allocates (wall layers included), checked
-            against the available memory by :func:`prepare`; ``None`` if unknown.
+            against the available memory by ``prepare``; ``None`` if unknown.
     """
 
     case: str

@@ -44,7 +44,7 @@ from jax.typing import ArrayLike
 
 __all__ = ["METHODS", "curvature", "sphere_fill"]
 
-#: Largest |kappa| (per cell) the model uses; a curvature radius below one cell is
+#: Largest ``|kappa|`` (per cell) the model uses; a curvature radius below one cell is
 #: not resolved.
 MAX_CURVATURE = 1.0
 

@@ -40,7 +40,7 @@ Three implementations compute the step: the whole-array XLA step
 (:mod:`lbm_jax.free_surface._xla_step`, the reference and the fallback), a
 native C++ CPU step (``lbm_jax/step/_native/lbm_free_surface.cc`` through
 ``jax.ffi``: stream-collide and surface passes over memory, the curvature only
-near the interface) and a GPU step (:mod:`lbm_jax.free_surface._gpu_step`:
+near the interface) and a GPU step (``lbm_jax.free_surface._gpu_step``:
 Pallas kernels built from the fused GPU step's parts), which ``backend="auto"``
 picks where they cover the configuration (:func:`lbm_jax.step._native.
 covered_free_surface`, :func:`lbm_jax.free_surface._gpu_step.covered`). They
@@ -102,7 +102,7 @@ class FreeSurface:
             at CPU resolutions); see :class:`lbm_jax.CollisionModel`.
         backend: The step's implementation (:class:`lbm_jax.step.Backend`):
             ``"auto"`` (default) runs, on a GPU, the fused GPU step (Pallas
-            kernels, :mod:`lbm_jax.free_surface._gpu_step`: D2Q9/D3Q19/D3Q27, BGK
+            kernels, ``lbm_jax.free_surface._gpu_step``: D2Q9/D3Q19/D3Q27, BGK
             or TRT, with or without the subgrid model, every storage, one
             device), on a CPU the native C++ step where it covers the
             configuration (the same lattices and collisions, FP32 or 16-bit

@@ -103,7 +103,7 @@ class ImmersedBoundary:
 
     @property
     def kernel(self) -> Any:
-        """Deprecated alias of :attr:`delta` (it warns)."""
+        """Deprecated alias of ``delta`` (it warns)."""
         warnings.warn(
             "ImmersedBoundary.kernel is deprecated; use .delta.",
             DeprecationWarning,

@@ -289,7 +289,7 @@ def _positions(x: ArrayLike, faces: ArrayLike) -> tuple[jax.Array, jax.Array]:
 
 
 def volume(x: ArrayLike, faces: ArrayLike) -> jax.Array:
-    """Volume enclosed by the surface, ``sum_f x0 . (x1 x x2) / 6`` (jit-able).
+    """Volume enclosed by the surface, ``sum_f dot(x0, cross(x1, x2)) / 6`` (jit-able).
 
     >>> mesh = icosphere(1.0, nodes=2562)
     >>> round(float(volume(mesh.nodes, mesh.faces)) / (4 / 3 * np.pi), 3)

@@ -140,7 +140,7 @@ class Simulation:
             the configuration (D2Q9, D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S,
             FP32/FP16C or FP32/bfloat16 storage, DDF-shifted, at least 128 cells
             per x-plane, split along x at most), on a GPU the fused GPU step (one
-            Pallas kernel per step, :mod:`lbm_jax.step._gpu`: D2Q9/D3Q19/D3Q27,
+            Pallas kernel per step, ``lbm_jax.step._gpu``: D2Q9/D3Q19/D3Q27,
             BGK or TRT with or without the Smagorinsky model, every storage,
             boundaries and forces, split along x at most), and the XLA step
             elsewhere; ``"native"`` and ``"gpu"`` require theirs (``ValueError``

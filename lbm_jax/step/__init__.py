@@ -1,15 +1,15 @@
 """The step backends: one vocabulary, one choice, one layout.
 
 A lattice Boltzmann step runs on one of three backends, all keeping the
-populations in the layout of :mod:`lbm_jax.step._layout`:
+populations in the layout of ``lbm_jax.step._layout``:
 
-* ``"xla"``: the slab-tiled XLA step (:mod:`lbm_jax.step._xla`, in-place
-  streaming in :mod:`lbm_jax.step._xla_inplace`), the reference every other
+* ``"xla"``: the slab-tiled XLA step (``lbm_jax.step._xla``, in-place
+  streaming in ``lbm_jax.step._xla_inplace``), the reference every other
   backend is tested against;
 * ``"native"``: the fused C++ CPU step through ``jax.ffi``
-  (:mod:`lbm_jax.step._native`, built by :mod:`lbm_jax.step._native_build`);
-* ``"gpu"``: the fused Pallas GPU step (:mod:`lbm_jax.step._gpu`, its in-kernel
-  cell arithmetic in :mod:`lbm_jax.step._gpu_cells`).
+  (``lbm_jax.step._native``, built by ``lbm_jax.step._native_build``);
+* ``"gpu"``: the fused Pallas GPU step (``lbm_jax.step._gpu``, its in-kernel
+  cell arithmetic in ``lbm_jax.step._gpu_cells``).
 
 ``"auto"`` runs the fastest that covers a configuration on this machine.
 :func:`choose` is the one rule that picks among them for a simulation

@@ -57,7 +57,7 @@ class StepPlan:
 
     def lowering(self) -> contextlib.AbstractContextManager[None]:
         """The context a program with this step is lowered in: on the GPU
-        backend, :func:`lbm_jax.step._gpu.quiet_lowering`."""
+        backend, ``lbm_jax.step._gpu.quiet_lowering``."""
         if self.backend is Backend.GPU:
             return _gpu.quiet_lowering()
         return contextlib.nullcontext()

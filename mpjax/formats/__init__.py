@@ -30,7 +30,7 @@ posit16s
     `scaled(posit16, 10)`: posit16 storage of `x * 2**10`, range [2**-38, 2**18],
     the posit twin of fp16s (Lehmann et al. 2022 build their 16-bit formats on
     a modified IEEE-754 and a modified posit standard). posit16's 12 fraction
-    bits, |y| in [2**-2, 2**2), land on |x| in [2**-12, 2**-8), where
+    bits, `|y|` in [2**-2, 2**2), land on `|x|` in [2**-12, 2**-8), where
     DDF-shifted LBM populations lie: the scale is minus the median binary
     exponent of the populations of the 2-D validation cases (median -10,
     quartiles -11 and -9). Its `epsilon` (at 1.0) is 2**-7.

@@ -73,8 +73,11 @@ class MinifloatFormat(NumberFormat):
 
     Attributes:
         name: registry name.
-        exponent_bits, mantissa_bits, bias: the layout.
-        has_inf, has_nan: which special codes exist (see module docstring).
+        exponent_bits: width of the exponent field.
+        mantissa_bits: width of the mantissa field.
+        bias: the exponent bias.
+        has_inf: whether infinities have codes (see module docstring).
+        has_nan: whether NaNs have codes (see module docstring).
         saturating: whether finite overflow clamps to +-max.
         native: name of a native dtype (e.g. "float16") whose cast implements this
             format, or None for bit-pattern storage in uint8/uint16.

@@ -52,7 +52,7 @@ def test_curvature_of_a_large_circle_and_a_flat_surface():
 # exact fill fields to 1/64 (2-D) and 1/16 (3-D) of a cell: the height function
 # reads heights from column sums, so sampling noise of the fill (1/8 per axis by
 # default) would show in its second differences. Measured mean kappa R (centred /
-# off-grid), the README's table: height 2-D -1.027 / -1.009, -1.005 / -1.005,
+# off-grid), the guide's table: height 2-D -1.027 / -1.009, -1.005 / -1.005,
 # -1.003 / -1.002 at R = 4, 8, 16; 3-D -0.976 / -0.993, -0.990 / -0.994, -0.999 /
 # -1.000; smoothed 2-D -0.999 / -1.001, -0.984 / -1.001, -0.996 / -1.000; 3-D
 # -0.980 / -0.993, -0.989 / -0.997, -0.999 / -0.999.
@@ -87,7 +87,7 @@ def height_model():
         yield
 
 
-# ~3 min: the README's figures for the height function inside the model. It holds
+# ~3 min: the guide's figures for the height function inside the model. It holds
 # the Laplace law far better (measured: 0.2 % at R = 8, spurious currents 1.9e-7,
 # against 3.6 % and 3.8e-5 smoothed) and the short wave's frequency (-3.9 % against
 # -6.8 %), but the wave's damping falls further below Lamb's (-11 % against

@@ -1,6 +1,6 @@
 """Why the capillary wave's damping falls short of Lamb's: the reference and the fit
-checked against exact solutions, and the measured deficit's scaling (README, free
-surface).
+checked against exact solutions, and the measured deficit's scaling (the guide,
+docs/lbm/free_surface.md).
 
 * The case's reference (``lamb_mode``: Lamb's exact relation for deep water, depth only
   in ``w0``) against the exact finite-depth mode (no-slip bottom): the bottom's Stokes
@@ -118,7 +118,7 @@ def test_a_no_slip_bottom_adds_about_one_percent_to_lambs_damping(n, rise):
 def test_a_missing_viscous_normal_stress_would_matter_less_at_higher_viscosity():
     # half of the viscous normal stress left out of the surface's stress balance:
     # the damping falls 21 % below Lamb's at tau = 0.556, 10 % at tau = 0.8 (the
-    # measured deficit grows instead: README)
+    # measured deficit grows instead: the guide)
     k = 2 * math.pi / 50
     for tau, drop in ((0.5 + 3 / 54, -0.207), (0.8, -0.096)):
         nu = (tau - 0.5) / 3
@@ -147,7 +147,7 @@ def test_the_fit_of_a_wave_released_from_rest_returns_lambs_mode(n, bias):
 #: The wavelength-50 wave kept in one row of cells (fill 0.9, no cell converts).
 ONE_ROW = (("amplitude", 0.1), ("depth", 25.9))
 
-#: Measured (README): ``(curvature, n, options) -> (frequency error, damping error)``
+#: Measured (guide): ``(curvature, n, options) -> (frequency error, damping error)``
 #: against the case's reference, in per cent (signed).
 DEFICIT = {
     ("smoothed", 50, ()): (-6.8, -8.3),
@@ -198,7 +198,7 @@ def _run(method: str, n: int, options: tuple) -> dict:
         return run_case("capillary_wave", n=n, **dict(options)).summary
 
 
-# ~3 min: the README's table of the wave's deficit against viscosity, amplitude, the
+# ~3 min: the guide's table of the wave's deficit against viscosity, amplitude, the
 # surface's position in its cell and resolution (height: the model with
 # curvature(phi, method="height")).
 @pytest.mark.slow

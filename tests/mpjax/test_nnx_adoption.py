@@ -114,14 +114,10 @@ def test_nnx_value_and_grad_refuses_a_non_optimizer():
 
 
 @pytest.mark.standard_promotion
-def test_readme_nnx_example_runs(capsys):
-    import re
-    import textwrap
-    from pathlib import Path
+def test_guide_nnx_example_runs(capsys):
+    from tests._docs import DOCS, block_after
 
-    text = (Path(__file__).parents[2] / "README.md").read_text()
-    section = text[text.index("- **Flax NNX training loop**") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = block_after(DOCS / "mixed_precision/flax.md", "## Flax NNX training loop")
     assert code.count("# changed") == 4
-    exec(textwrap.dedent(code), {})
+    exec(code, {})
     assert capsys.readouterr().out.strip() == "True True"

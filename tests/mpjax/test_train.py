@@ -286,7 +286,7 @@ def test_checkpoint_round_trip_keeps_loss_scale_state(tmp_path):
 
 @pytest.mark.standard_promotion
 def test_orbax_checkpoint_manager_resumes_training_exactly(tmp_path):
-    """The README recipe: an interrupted run restored by orbax's CheckpointManager
+    """The guide's recipe: an interrupted run restored by orbax's CheckpointManager
     continues with the same parameters, optimizer state and loss scale."""
     import orbax.checkpoint as ocp
 
