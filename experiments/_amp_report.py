@@ -16,6 +16,7 @@ __all__ = ["TITLES", "device_peak_cell", "figures", "report_text", "run_table"]
 #: Figure titles of the networks, in words.
 TITLES = {
     "mlp": "MLP, digit classification",
+    "eqx_mlp": "Equinox MLP, digit classification",
     "unet": "U-Net, digit denoising",
     "bert": "BERT-style encoder, masked characters",
 }

@@ -130,6 +130,25 @@ def _equinox_mlp(width: int, seed: int) -> Any:
     )
 
 
+def _classifier(name: str, model: Any, digits: Any, s: Settings, seed: int) -> Task:
+    """A digit-classification task; an Equinox model (one example at a time) gets
+    its loss and accuracy mapped over the batch (:func:`_models.per_example`)."""
+    wrap = _models.per_example if not isinstance(model, nnx.Module) else (lambda f: f)
+    return Task(
+        name,
+        model,
+        wrap(_models.classification_loss),
+        _sample(
+            digits.x_train, digits.y_train, steps=s.steps, batch=s.batch, seed=seed
+        ),
+        (digits.x_test, digits.y_test),
+        learning_rate=3e-3,
+        rtol=0.10,
+        atol=0.02,
+        metric=Metric("accuracy", wrap(_models.classification_accuracy), atol=0.03),
+    )
+
+
 def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
     """Builds the four tasks at a scale (``tiny``, ``quick`` or ``full``).
 
@@ -154,35 +173,11 @@ def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
     )
     rngs = nnx.Rngs(seed)
     return {
-        "mlp": Task(
-            "mlp",
-            _models.MLP(64, s.mlp_width, 10, rngs=rngs),
-            _models.classification_loss,
-            _sample(
-                digits.x_train, digits.y_train, steps=s.steps, batch=s.batch, seed=seed
-            ),
-            (digits.x_test, digits.y_test),
-            learning_rate=3e-3,
-            rtol=0.10,
-            atol=0.02,
-            metric=Metric("accuracy", _models.classification_accuracy, atol=0.03),
+        "mlp": _classifier(
+            "mlp", _models.MLP(64, s.mlp_width, 10, rngs=rngs), digits, s, seed
         ),
-        "eqx_mlp": Task(
-            "eqx_mlp",
-            _equinox_mlp(s.mlp_width, seed),
-            _models.per_example(_models.classification_loss),
-            _sample(
-                digits.x_train, digits.y_train, steps=s.steps, batch=s.batch, seed=seed
-            ),
-            (digits.x_test, digits.y_test),
-            learning_rate=3e-3,
-            rtol=0.10,
-            atol=0.02,
-            metric=Metric(
-                "accuracy",
-                _models.per_example(_models.classification_accuracy),
-                atol=0.03,
-            ),
+        "eqx_mlp": _classifier(
+            "eqx_mlp", _equinox_mlp(s.mlp_width, seed), digits, s, seed
         ),
         "unet": Task(
             "unet",

@@ -109,7 +109,8 @@ class RunRecord:
             (``True``) or only an upper bound (``False``); ``None`` with it.
         eval_loss: held-out loss at the end, computed under the same policy.
         eval_metric: the task's held-out metric, or ``None`` if it has none.
-        params: final float32 master parameters (an ``nnx.State``).
+        params: final float32 master parameters (an ``nnx.State``; for an
+            Equinox model the list of its arrays, see ``_split``).
         time_step: runs one more compiled step from the final state (discarding
             the result) and returns its wall time in seconds.
     """
@@ -141,17 +142,29 @@ def _split(model: Any, fp8: mpjax.Fp8Config | None) -> tuple[Any, Callable]:
     """``(params, merge)``: the trained part of a policy-applied model and the
     function rebuilding the model from it (the rest rides in the closure).
 
-    A Flax NNX model splits into its parameters (and fp8 state) and the rest; an
-    Equinox model into its array leaves and the rest (its activation functions).
+    A Flax NNX model splits into its parameters (and fp8 state) and the rest. Any
+    other model (an Equinox one) into the list of its array leaves and fp8 states,
+    in tree order; the rest (activation functions, the static policy) stays in the
+    closure, so the parameters of one policy fit the model under another.
     """
     if isinstance(model, nnx.Module):
         trained = nnx.Param if fp8 is None else (nnx.Param, mpjax.Fp8Meta)
         graphdef, params, rest = nnx.split(model, trained, ...)
         return params, lambda p: nnx.merge(graphdef, p, rest)
-    import equinox as eqx  # an Equinox archetype: Equinox is installed
 
-    params, static = eqx.partition(model, eqx.is_array)
-    return params, lambda p: eqx.combine(p, static)
+    def is_state(x: Any) -> bool:
+        return isinstance(x, mpjax.Fp8MetaValue)
+
+    leaves, treedef = jax.tree.flatten(model, is_leaf=is_state)
+    slots = [i for i, x in enumerate(leaves) if is_state(x) or isinstance(x, jax.Array)]
+
+    def merge(p: list) -> Any:
+        merged = list(leaves)
+        for i, value in zip(slots, p, strict=True):
+            merged[i] = value
+        return jax.tree.unflatten(treedef, merged)
+
+    return [leaves[i] for i in slots], merge
 
 
 def _bind(

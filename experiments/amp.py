@@ -1,9 +1,11 @@
-"""AMP pipeline: three network archetypes trained under each precision policy.
+"""AMP pipeline: four network archetypes trained under each precision policy.
 
-Networks (Flax NNX, :mod:`experiments._models`), offline data
-(:mod:`experiments._data`) and tolerances (:mod:`experiments._amp_tasks`):
+Networks (Flax NNX, :mod:`experiments._models`, and one Equinox model), offline
+data (:mod:`experiments._data`) and tolerances (:mod:`experiments._amp_tasks`):
 
 * ``mlp`` - a feed-forward classifier on scikit-learn's 8x8 digits;
+* ``eqx_mlp`` - the same classifier as an Equinox ``eqx.nn.MLP`` (one example at
+  a time, mapped over the batch), through mpjax's Equinox route;
 * ``unet`` - a U-Net denoising the same digits (seeded Gaussian noise);
 * ``bert`` - a BERT-style bidirectional encoder trained by masked language modelling
   on the source text of standard-library modules (15 % of the characters, BERT's

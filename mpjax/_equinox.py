@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -42,7 +42,7 @@ from jax.custom_batching import custom_vmap
 
 from mpjax._fp8 import Fp8Config, Fp8MetaValue
 from mpjax._fp8_ops import fp8_product
-from mpjax._policy import Policy, get_policy
+from mpjax._policy import Policy, override_table, resolve_policy
 from mpjax._trees import is_array
 
 __all__ = ["apply_policy_equinox", "is_equinox_module", "require_equinox"]
@@ -194,31 +194,6 @@ def _fp8_linear_class(cls: type) -> type:
     return type(cls.__name__, (cls,), namespace)
 
 
-def _overrides(equinox: Any, overrides: Any, resolve: Callable) -> dict[type, Policy]:
-    if overrides is None:
-        overrides = {}
-    if not isinstance(overrides, Mapping):
-        raise TypeError(
-            "overrides must be a mapping from Equinox module classes to policies, "
-            f"got {type(overrides).__name__}; pass e.g. {{eqx.nn.LayerNorm: "
-            "'float32'}."
-        )
-    table = {
-        getattr(equinox.nn, name): resolve("float32", f"default override {name}")
-        for name in _DEFAULT_OVERRIDE_NAMES
-        if hasattr(equinox.nn, name)
-    }
-    for cls, spec in overrides.items():
-        if not (isinstance(cls, type) and issubclass(cls, equinox.Module)):
-            raise TypeError(
-                "overrides keys must be Equinox module classes (subclasses of "
-                f"eqx.Module), got {cls!r}; pass the class itself, e.g. "
-                "eqx.nn.LayerNorm."
-            )
-        table[cls] = resolve(spec, f"overrides[{cls.__name__}]")
-    return table
-
-
 @dataclasses.dataclass(frozen=True)
 class _Converter:
     """One walk over a module tree: policies per module, fp8 products."""
@@ -281,7 +256,6 @@ def apply_policy_equinox(
     *,
     overrides: Mapping[type, Any] | None,
     fp8: Fp8Config | None,
-    resolve: Callable[[Any, str], Policy] = lambda spec, what: get_policy(spec),
 ) -> Any:
     """The Equinox route of :func:`mpjax.apply_policy` (see the module docs).
 
@@ -292,7 +266,6 @@ def apply_policy_equinox(
             ``RMSNorm``, ``GroupNorm`` and ``BatchNorm`` in ``"float32"``).
         fp8: an :class:`mpjax.Fp8Config` for fp8 products in every
             ``eqx.nn.Linear``, or ``None``.
-        resolve: ``resolve(spec, what) -> Policy``, naming ``what`` in errors.
 
     Returns:
         The converted copy: an instance of a subclass of ``type(model)`` with the
@@ -304,6 +277,18 @@ def apply_policy_equinox(
             f"fp8 must be an mpjax.Fp8Config or None, got {type(fp8).__name__}; "
             "pass e.g. mpjax.Fp8Config(history_length=16)."
         )
-    main = resolve(policy, "policy")
-    converter = _Converter(equinox, _overrides(equinox, overrides, resolve), fp8)
+    main = resolve_policy(policy, "policy")
+    defaults = {
+        getattr(equinox.nn, name): "float32"
+        for name in _DEFAULT_OVERRIDE_NAMES
+        if hasattr(equinox.nn, name)
+    }
+    table = override_table(
+        overrides,
+        defaults,
+        base=equinox.Module,
+        library="Equinox",
+        example="eqx.nn.LayerNorm",
+    )
+    converter = _Converter(equinox, table, fp8)
     return converter.module(model, main, output=None)

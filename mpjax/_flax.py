@@ -58,7 +58,7 @@ from flax import nnx
 from mpjax._equinox import apply_policy_equinox, is_equinox_module
 from mpjax._fp8 import Fp8Config
 from mpjax._fp8_ops import attach_fp8
-from mpjax._policy import Policy, get_policy, parse_dtype
+from mpjax._policy import Policy, override_table, parse_dtype, resolve_policy
 
 __all__ = ["apply_policy", "policy_apply"]
 
@@ -74,14 +74,6 @@ _DEFAULT_OVERRIDES: Mapping[type, str] = types.MappingProxyType(
         nnx.GroupNorm: "float32",
     }
 )
-
-
-def _resolve(spec: Any, what: str) -> Policy:
-    """Resolves a policy spec with :func:`mpjax.get_policy`, naming ``what``."""
-    try:
-        return get_policy(spec)
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{what}: {err}") from err
 
 
 def _floating_dtype(value: Any, what: str) -> jnp.dtype:
@@ -283,29 +275,6 @@ def _with_output_cast(module: _M, policy: Policy) -> _M:
     return root
 
 
-def _check_overrides(overrides: Any) -> dict[type, Policy]:
-    if overrides is None:
-        overrides = {}
-    if not isinstance(overrides, Mapping):
-        raise TypeError(
-            "overrides must be a mapping from Flax NNX module classes to policies, "
-            f"got {type(overrides).__name__}; pass e.g. {{nnx.LayerNorm: 'float32'}}."
-        )
-    merged = {
-        cls: _resolve(spec, f"default override for {cls.__name__}")
-        for cls, spec in _DEFAULT_OVERRIDES.items()
-    }
-    for cls, spec in overrides.items():
-        if not (isinstance(cls, type) and issubclass(cls, nnx.Module)):
-            raise TypeError(
-                "overrides keys must be Flax NNX module classes (subclasses of "
-                f"flax.nnx.Module), got {cls!r}; pass the class itself, e.g. "
-                "nnx.LayerNorm, not an instance or a name."
-            )
-        merged[cls] = _resolve(spec, f"overrides[{cls.__name__}]")
-    return merged
-
-
 def _override_for(
     module: nnx.Module, overrides: Mapping[type, Policy]
 ) -> Policy | None:
@@ -394,9 +363,7 @@ def apply_policy(
         (dtype('float32'), dtype('float32'), dtype(bfloat16))
     """
     if is_equinox_module(model):
-        return apply_policy_equinox(
-            model, policy, overrides=overrides, fp8=fp8, resolve=_resolve
-        )
+        return apply_policy_equinox(model, policy, overrides=overrides, fp8=fp8)
     if not isinstance(model, nnx.Module):
         raise TypeError(
             "apply_policy expects a Flax NNX module (an instance of "
@@ -404,8 +371,14 @@ def apply_policy(
             f"`pip install 'mpjax[equinox]'`), got {type(model).__name__}; for a "
             "linen-style apply function use mpjax.policy_apply(apply_fn, policy)."
         )
-    main = _resolve(policy, "policy")
-    table = _check_overrides(overrides)
+    main = resolve_policy(policy, "policy")
+    table = override_table(
+        overrides,
+        _DEFAULT_OVERRIDES,
+        base=nnx.Module,
+        library="Flax NNX",
+        example="nnx.LayerNorm",
+    )
     softmax_dtype = (
         None
         if attention_softmax_dtype is None
@@ -480,7 +453,7 @@ def policy_apply(
             "policy_apply expects a callable apply(params, *args, **kwargs), got "
             f"{type(apply_fn).__name__}; pass e.g. model.apply."
         )
-    resolved = _resolve(policy, "policy")
+    resolved = resolve_policy(policy, "policy")
 
     @functools.wraps(apply_fn)
     def wrapped(params: Any, *args: Any, **kwargs: Any) -> Any:

@@ -19,7 +19,14 @@ import numpy as np
 
 from mpjax.formats import format_aliases, get_format, list_formats, require_x64
 
-__all__ = ["Policy", "get_policy", "list_policies", "parse_dtype"]
+__all__ = [
+    "Policy",
+    "get_policy",
+    "list_policies",
+    "override_table",
+    "parse_dtype",
+    "resolve_policy",
+]
 
 T = TypeVar("T")
 
@@ -404,3 +411,59 @@ def get_policy(spec: str | Policy | Any) -> Policy:
         f"get_policy expects a str, mpjax.Policy or jmp.Policy, got "
         f"{type(spec).__name__} {spec!r}; pass e.g. 'mixed_bfloat16'."
     )
+
+
+def resolve_policy(spec: Any, what: str) -> Policy:
+    """:func:`get_policy`, with ``what`` (``"policy"``, ``"overrides[LayerNorm]"``)
+    named in the error message."""
+    try:
+        return get_policy(spec)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{what}: {err}") from err
+
+
+def override_table(
+    overrides: Any,
+    defaults: Mapping[type, Any],
+    *,
+    base: type,
+    library: str,
+    example: str,
+) -> dict[type, Policy]:
+    """Per-class policies of a model library: ``defaults`` with ``overrides`` merged
+    over them, every key checked to be a subclass of ``base`` and every value
+    resolved with :func:`resolve_policy`.
+
+    Args:
+        overrides: the user's mapping from module classes to policy specs, or
+            ``None``.
+        defaults: the library's default overrides (normalisation layers).
+        base: the library's module base class.
+        library: its name in messages (``"Flax NNX"``, ``"Equinox"``).
+        example: a class name for the messages (``"nnx.LayerNorm"``).
+
+    Raises:
+        TypeError: ``overrides`` is not a mapping, or a key is not a subclass of
+            ``base``.
+        ValueError: a policy cannot be parsed.
+    """
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, Mapping):
+        raise TypeError(
+            f"overrides must be a mapping from {library} module classes to "
+            f"policies, got {type(overrides).__name__}; pass e.g. "
+            f"{{{example}: 'float32'}}."
+        )
+    table = {
+        cls: resolve_policy(spec, f"default override for {cls.__name__}")
+        for cls, spec in defaults.items()
+    }
+    for cls, spec in overrides.items():
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise TypeError(
+                f"overrides keys must be {library} module classes, got {cls!r}; "
+                f"pass the class itself, e.g. {example}, not an instance or a name."
+            )
+        table[cls] = resolve_policy(spec, f"overrides[{cls.__name__}]")
+    return table

@@ -12,12 +12,12 @@
 # ---
 
 # %% [markdown]
-# # Automatic mixed precision for three network archetypes
+# # Automatic mixed precision for four network archetypes
 #
-# A feed-forward net, a U-Net-style convolutional net and a BERT-style encoder (masked
-# language modelling on Python source) trained under each precision policy (Flax NNX
-# with `mpjax.apply_policy`, loss scaling as an Optax wrapper): step time, compiled and
-# device memory, and accuracy against float32. The same code runs as
+# A feed-forward net (in Flax NNX and in Equinox), a U-Net-style convolutional net and
+# a BERT-style encoder (masked language modelling on Python source) trained under each
+# precision policy (`mpjax.apply_policy`, loss scaling as an Optax wrapper): step time,
+# compiled and device memory, and accuracy against float32. The same code runs as
 # `python -m experiments amp`.
 #
 # Results go to `results/amp/` in the directory the notebook runs in, as for the command

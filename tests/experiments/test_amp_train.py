@@ -154,7 +154,7 @@ def test_metric_check_uses_the_task_tolerance(bert_task):
     assert not amp.within(record(float("nan"), 0.5), reference, bert_task)
 
 
-@pytest.mark.parametrize("module", [_amp_train, _amp_report, amp])
+@pytest.mark.parametrize("module", [_amp_train, _amp_report, _models, amp])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module)
     assert result.attempted >= 1 and result.failed == 0
@@ -184,3 +184,32 @@ def test_make_tasks_rejects_unknown_scale():
 
 def test_settings_cover_every_framework_scale():
     assert tuple(_amp_tasks.SETTINGS) == _framework.SCALES
+
+
+@pytest.fixture(scope="module")
+def equinox_task() -> amp.Task:
+    pytest.importorskip("equinox")
+    return amp.make_tasks("tiny")["eqx_mlp"]
+
+
+def test_every_task_has_a_figure_title():
+    assert set(_amp_report.TITLES) == set(amp.make_tasks("tiny"))
+
+
+def test_equinox_archetype_trains_under_every_policy_within_tolerance(equinox_task):
+    import equinox as eqx
+
+    assert isinstance(equinox_task.model, eqx.nn.MLP)
+    runs = {p: amp.train(equinox_task, p) for p in amp.POLICIES}
+    reference = runs[amp.REFERENCE]
+    for policy, record in runs.items():
+        assert np.all(np.isfinite(record.losses)), policy
+        assert amp.within(record, reference, equinox_task), policy
+        assert amp.metric_within(record, reference, equinox_task), policy
+    assert runs["mixed_float16"].loss_scales[0] == 2.0**15
+    # the float16 run's parameters fit the model under any policy
+    underflow = amp.gradient_underflow(
+        equinox_task, "mixed_float16", runs["mixed_float16"].params, (1.0, 2.0**15)
+    )
+    assert set(underflow) == {1.0, 2.0**15}
+    assert all(0.0 <= v <= 1.0 for v in underflow.values())

@@ -369,9 +369,9 @@ def test_variant_mixed_leaf_dtypes_keep_their_dtypes(variant):
 def test_docstring_examples_run():
     import doctest
 
-    from mpjax import _loss_scaling, _scaled_grad
+    from mpjax import _loss_scale_readers, _loss_scaling, _scaled_grad, _trees
 
-    for module in (_loss_scaling, _scaled_grad):
+    for module in (_loss_scaling, _loss_scale_readers, _scaled_grad, _trees):
         result = doctest.testmod(module)
         assert result.attempted >= 3 and result.failed == 0, module.__name__
 
