@@ -66,7 +66,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"matplotlib(\..*)?"),
     # Python's standard library (its inventory is not fetched either); Sphinx
     # splits ``Mapping[type, ...]`` into a target ``collections.abc.Mapping[type``
-    (r"py:.*", r"(collections\.abc|pathlib|os|enum|abc)\.\w+(\[\w+)?"),
+    (r"py:.*", r"(collections\.abc|pathlib|os|enum|abc|contextlib)\.\w+(\[\w+)?"),
 ]
 
 # -- MyST and notebooks ---------------------------------------------------------

@@ -322,7 +322,7 @@ def apply_policy(
     An Equinox module (``eqx.Module``) takes the Equinox route: the same policy,
     overrides (keyed by Equinox classes; ``eqx.nn.LayerNorm``, ``RMSNorm``,
     ``GroupNorm`` and ``BatchNorm`` in float32 by default) and fp8 products in
-    every ``eqx.nn.Linear``, described in :mod:`mpjax._equinox`;
+    every ``eqx.nn.Linear``, described in ``mpjax._equinox``;
     ``attention_softmax_dtype`` does not apply there.
 
     Args:

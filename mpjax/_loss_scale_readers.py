@@ -102,8 +102,8 @@ def get_loss_scale(opt_state: optax.OptState) -> jax.Array:
       opt_state: an optimizer state, or a Flax NNX optimizer or its state.
 
     Returns:
-      A float32 scalar array: the scale of the (single) loss-scaling state, 1.0
-      for a :func:`no_loss_scaling` state.
+      The scale of the (single) loss-scaling state as a float32 scalar array,
+      1.0 for a :func:`no_loss_scaling` state.
 
     Raises:
       ValueError: if the state holds no loss-scaling state (wrap the optimizer in

@@ -37,7 +37,7 @@ from mpjax._trees import (
 
 __all__ = ["PrecisionWarning", "TrainState", "make_train_step"]
 
-#: Gradient size of the probe step of :func:`check_master_precision`, before
+#: Gradient size of the probe step of ``check_master_precision``, before
 #: loss scaling: an ordinary gradient whose square (Adam's second moment)
 #: underflows in float16.
 PROBE_GRADIENT = 2.0**-10
@@ -77,7 +77,7 @@ class TrainState(NamedTuple):
 
         With master parameters narrower than float32 (float16, bfloat16), one
         probe step of ``optimizer`` checks that an ordinary gradient keeps them
-        finite (see :func:`check_master_precision`); if not, a
+        finite (see ``check_master_precision``); if not, a
         :class:`PrecisionWarning` says how to keep float32 masters.
 
         Args:

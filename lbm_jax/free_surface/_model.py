@@ -113,7 +113,7 @@ class FreeSurface:
             (so ``Simulation(..., backend="xla")`` keeps its free surface on the
             XLA step too). The choice is the simulation's rule
             (:func:`lbm_jax.step.choose`), asked for the free surface's own step.
-            :attr:`backend` says which runs, :attr:`backend_reason` why no
+            ``fs.backend`` says which runs, ``fs.backend_reason`` why no
             faster one.
         kernel: Deprecated alias of ``backend`` (a ``DeprecationWarning``).
 
@@ -206,7 +206,7 @@ class FreeSurface:
 
     @property
     def kernel(self) -> str:
-        """Deprecated alias of :attr:`backend`."""
+        """Deprecated alias of ``backend``."""
         warnings.warn(
             "FreeSurface.kernel is deprecated; use FreeSurface.backend.",
             DeprecationWarning,

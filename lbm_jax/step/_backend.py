@@ -94,7 +94,7 @@ class Candidate(NamedTuple):
     """One fast backend's answer for a configuration.
 
     Attributes:
-        backend: :attr:`Backend.GPU` or :attr:`Backend.NATIVE`.
+        backend: ``Backend.GPU`` or ``Backend.NATIVE``.
         why_not: Why it does not cover the configuration, or ``None``.
         unavailable: Called only for a covered configuration (it may be costly,
             e.g. build a library): why it cannot run on this machine, or ``None``.
