@@ -7,8 +7,11 @@ unchanged in notebooks, in tests and on headless machines.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +21,14 @@ from tqdm import tqdm
 
 from experiments._framework import UNRESOLVED
 
-__all__ = ["fmt", "markdown_table", "new_figure", "progress", "save_figure"]
+__all__ = [
+    "elapsed_bar",
+    "fmt",
+    "markdown_table",
+    "new_figure",
+    "progress",
+    "save_figure",
+]
 
 T = TypeVar("T")
 
@@ -121,6 +131,51 @@ def progress(
             dynamic_ncols=True,
         )
     )
+
+
+@contextlib.contextmanager
+def elapsed_bar(
+    desc: str, expected_s: float | None, *, tick_s: float = 0.5
+) -> Iterator[tqdm]:
+    """A tqdm bar on stderr that fills with wall time against ``expected_s``.
+
+    A background thread advances it every ``tick_s`` seconds while the body runs;
+    past the expected time the bar stays full and the elapsed time keeps counting.
+    Like :func:`progress`, it is hidden when stderr is not a terminal.
+
+    >>> with elapsed_bar("demo", 1.0, tick_s=0.01) as bar:
+    ...     pass
+    >>> bar.total
+    1.0
+    """
+    bar = tqdm(
+        total=expected_s,
+        desc=desc,
+        file=sys.stderr,
+        disable=None,
+        leave=False,
+        dynamic_ncols=True,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of ~{total:.0f} s"
+        if expected_s
+        else "{desc}: {elapsed}",
+    )
+    done = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(tick_s):
+            elapsed = time.monotonic() - start
+            bar.n = min(elapsed, expected_s) if expected_s else elapsed
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        thread.join()
+        bar.close()
 
 
 def new_figure(
