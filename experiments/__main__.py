@@ -35,10 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from experiments import _framework, _timing
-from experiments._framework import PipelineOutcome
+from experiments._outcome import NO_CHECKS, UNRESOLVED, PipelineOutcome
 from experiments._report import elapsed_bar, fmt
 from experiments._reproduce_report import write_top_level_report
-
 
 _SCALE_HELP = {
     "quick": "the main job: within five minutes on an idle 2-core CPU (default)",
@@ -93,11 +92,11 @@ def _print_outcome(outcome: PipelineOutcome, write: Callable[[str], None]) -> No
         k for k, v in outcome.checks.items() if not v and k not in outcome.unresolved
     ]
     if not outcome.checks:
-        status = f"FAILED: {_framework.NO_CHECKS}"
+        status = f"FAILED: {NO_CHECKS}"
     else:
         status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
     for check, spread in outcome.unresolved.items():
-        write(f"{outcome.name}: {check}: {_framework.UNRESOLVED}, {spread}\n")
+        write(f"{outcome.name}: {check}: {UNRESOLVED}, {spread}\n")
     if outcome.unresolved and not failed:
         status = "all other checks passed"
     if outcome.over_budget is not None:
@@ -223,6 +222,7 @@ def main(
             "browser).\n"
         )
     return 0 if all(o.passed for o in outcomes) else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

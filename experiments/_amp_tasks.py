@@ -50,7 +50,8 @@ SETTINGS: Mapping[str, Settings] = types.MappingProxyType(
         "tiny": Settings(20, 32, 32, 4, 1, 20, 32, 4, 1, 16, 8, 3e-3),
         # Masked language modelling has few targets per step (15 % of the
         # characters), so the encoder gets more steps than the other networks.
-        "quick": Settings(150, 128, 128, 8, 1, 400, 64, 4, 1, 32, 32, 3e-3),
+        "quick": Settings(100, 64, 128, 8, 1, 250, 64, 4, 1, 32, 16, 3e-3),
+        "standard": Settings(150, 128, 128, 8, 1, 400, 64, 4, 1, 32, 32, 3e-3),
         # A GPU: a 3.3-million-parameter encoder on 128-character windows, with a
         # smaller step size for its four blocks (no warm-up schedule).
         "full": Settings(3000, 512, 512, 64, 2, 3000, 256, 4, 4, 128, 64, 1e-3),
@@ -118,7 +119,7 @@ def _masked_windows(
 
 
 def make_tasks(scale: str = "quick", *, seed: int = 0) -> dict[str, Task]:
-    """Builds the three tasks at a scale (``tiny``, ``quick`` or ``full``).
+    """Builds the three tasks at a scale (``tiny``, ``quick``, ``standard``, ``full``).
 
     Args:
         scale: problem size; ``tiny`` is for tests, ``full`` for a GPU.

@@ -31,7 +31,6 @@ pipeline whose ``run`` takes ``scale``; each pipeline looks its settings up with
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import importlib
 import inspect
@@ -50,16 +49,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from experiments import _timing
+from experiments._outcome import PipelineOutcome, checks_failure
 
 __all__ = [
     "DEFAULT_RESULTS_DIR",
-    "NO_CHECKS",
     "PIPELINES",
     "SCALES",
     "SCALE_ENV_VAR",
-    "PipelineOutcome",
     "capture_environment",
-    "checks_failure",
     "fresh_directory",
     "git_commit",
     "resolve_scale",
@@ -200,6 +197,18 @@ def _package_versions() -> dict[str, str]:
     return versions
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any]:
     """Describe the software and hardware a result was produced on.
 
@@ -224,6 +233,7 @@ def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind if devices else "none",
         "device_count": len(devices),
@@ -264,95 +274,6 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineOutcome:
-    """What one pipeline run produced.
-
-    Attributes:
-        name: pipeline name.
-        out_dir: the result directory (``None`` if the pipeline raised).
-        wall_s: wall time in seconds.
-        checks: the pipeline's sanity checks.
-        table: the markdown table the pipeline returned ("" on error).
-        error: the formatted traceback if the pipeline raised, else ``None``.
-        unresolved: failed timing checks whose measured spread straddles their
-            target (name -> the spread and the load besides the run, in words):
-            the measurement cannot decide them, so they do not fail the pipeline.
-        scale: the scale it ran at.
-        other_cores: cores kept busy by other processes while it ran, on average
-            (``None`` where unknown; see :func:`experiments._timing.load_besides`).
-    """
-
-    name: str
-    out_dir: Path | None
-    wall_s: float
-    checks: Mapping[str, bool]
-    table: str
-    error: str | None = None
-    unresolved: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    scale: str = "quick"
-    other_cores: float | None = None
-
-    @property
-    def passed(self) -> bool:
-        """True when the pipeline ran, returned checks and every check passed."""
-        return self.failure is None
-
-    @property
-    def failure(self) -> str | None:
-        """Why the pipeline did not pass (``None`` when it passed)."""
-        if self.error is not None:
-            return "raised an error"
-        return checks_failure(self.checks, self.unresolved)
-
-    @property
-    def status(self) -> str:
-        """``error``, ``FAIL``, ``pass`` or ``pass (N unresolved)`` for a report."""
-        if self.error is not None:
-            return "error"
-        if not self.passed:
-            return "FAIL"
-        return (
-            f"pass ({len(self.unresolved)} unresolved)" if self.unresolved else "pass"
-        )
-
-    @property
-    def over_budget(self) -> str | None:
-        """What overrunning its quick budget means, or ``None`` when it did not."""
-        budget = _timing.budget_s(self.name, self.scale)
-        if budget is None or self.wall_s <= budget:
-            return None
-        return _timing.over_budget_note(
-            self.name, self.wall_s, budget, self.other_cores
-        )
-
-
-#: Why a pipeline that returned an empty check set fails.
-NO_CHECKS = "returned no checks (a pipeline must check something to pass)"
-
-
-#: What the reports call a timing check whose spread straddles its target; it does
-#: not fail its pipeline (its text says whether the machine was loaded).
-UNRESOLVED = "unresolved"
-
-
-def checks_failure(
-    checks: Mapping[str, bool], unresolved: Mapping[str, str] | None = None
-) -> str | None:
-    """Why ``checks`` is not a pass: none given, or the names of the failed ones
-    (a failed check listed in ``unresolved`` is not a failure).
-
-    >>> checks_failure({"a": True}) is None, checks_failure({})
-    (True, 'returned no checks (a pipeline must check something to pass)')
-    >>> checks_failure({"t": False}, {"t": "0.9-1.1"}) is None
-    True
-    """
-    if not checks:
-        return NO_CHECKS
-    failed = [k for k, v in checks.items() if not v and k not in (unresolved or {})]
-    return f"failed checks: {', '.join(failed)}" if failed else None
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
-from experiments._framework import PipelineOutcome
+from experiments._outcome import PipelineOutcome
 
 __all__ = ["write_index"]
 
@@ -59,9 +59,7 @@ def _renderer(base: Path, prefix: str, shown: set[str]) -> MarkdownIt:
             token.attrSet("src", f"data:image/png;base64,{data}")
         return default_image(tokens, idx, options, env)
 
-    def link_open(
-        _self: Any, tokens: list, idx: int, options: Any, env: Any
-    ) -> str:
+    def link_open(_self: Any, tokens: list, idx: int, options: Any, env: Any) -> str:
         token = tokens[idx]
         href = str(token.attrGet("href") or "")
         if href.endswith("/REPORT.md") and "/" not in href[: -len("/REPORT.md")]:

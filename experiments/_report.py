@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from experiments._framework import UNRESOLVED
+from experiments._outcome import UNRESOLVED
 
 __all__ = [
     "elapsed_bar",
@@ -27,6 +27,7 @@ __all__ = [
     "markdown_table",
     "new_figure",
     "progress",
+    "run_caption",
     "save_figure",
 ]
 
@@ -191,7 +192,35 @@ def new_figure(
     return fig, axes
 
 
-def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
-    """Save ``fig`` as PNG at ``path`` and return the path."""
+def run_caption(env: Mapping[str, Any]) -> str:
+    """Where and at what scale a result was produced, for figure titles.
+
+    Args:
+        env: a :func:`experiments._framework.capture_environment` dict.
+
+    >>> run_caption({"scale": "quick", "backend": "cpu", "cpu_model": "AMD EPYC",
+    ...              "cpu_count": 2, "device_kind": "cpu"})
+    'quick scale, CPU: AMD EPYC (2 logical CPUs)'
+    """
+    if env.get("backend") == "cpu":
+        model, count = env.get("cpu_model", "unknown"), env.get("cpu_count")
+        machine = f"CPU: {model} ({count} logical CPUs)"
+    else:
+        machine = f"{str(env.get('backend')).upper()}: {env.get('device_kind')}"
+    return f"{env.get('scale')} scale, {machine}"
+
+
+def save_figure(fig: Figure, path: Path, *, caption: str = "", dpi: int = 110) -> Path:
+    """Save ``fig`` as PNG at ``path`` and return the path.
+
+    A ``caption`` (usually :func:`run_caption`) goes under the figure's own
+    title, or becomes the title of a figure without one.
+    """
+    if caption:
+        title = fig.get_suptitle()
+        fig.suptitle(
+            f"{title}\n{caption}" if title else caption,
+            fontsize="medium" if title else "small",
+        )
     fig.savefig(path, dpi=dpi)
     return path

@@ -13,13 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments import _timing
-from experiments._framework import (
-    UNRESOLVED,
-    PipelineOutcome,
-    capture_environment,
-    write_json,
-)
+from experiments._framework import capture_environment, write_json
 from experiments._html_report import write_index
+from experiments._outcome import UNRESOLVED, PipelineOutcome
 from experiments._report import fmt
 
 __all__ = ["write_top_level_report"]

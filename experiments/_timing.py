@@ -29,6 +29,7 @@ __all__ = [
     "load_besides",
     "load_reason",
     "over_budget_note",
+    "with_load_reason",
 ]
 
 #: Wall time (s) of each pipeline on an idle 2-core CPU (AMD EPYC, 2 logical CPUs),
@@ -152,6 +153,19 @@ def load_reason(other_cores: float | None) -> str:
         f"no load besides this run ({other_cores:.2f} cores): the timing's own "
         "spread straddles the target; rerun it, or at --standard for more rounds"
     )
+
+
+def with_load_reason(unresolved: Mapping[str, str], since: CpuSample) -> dict[str, str]:
+    """``unresolved`` (check -> spread) with the load besides the run since
+    ``since`` appended to each spread (see :func:`load_reason`).
+
+    >>> with_load_reason({}, cpu_sample())
+    {}
+    """
+    if not unresolved:
+        return {}
+    reason = load_reason(load_besides(since))
+    return {name: f"{spread}; {reason}" for name, spread in unresolved.items()}
 
 
 def over_budget_note(

@@ -69,6 +69,7 @@ from experiments._accuracy_runs import (
     storage_label,
     sweep,
 )
+from experiments._report import run_caption
 
 __all__ = [
     "RUNS_ALL",
@@ -127,7 +128,7 @@ def run(
     )
     tables = study_tables(studies)
     table = "\n\n".join(f"**{name}**\n\n{t}" for name, t in tables.items())
-    figures = study_figures(studies, out_dir)
+    figures = study_figures(studies, out_dir, caption=run_caption(env))
     records = {name: strip_fields(study) for name, study in studies.items()}
     _framework.write_json(
         out_dir / "results.json",

@@ -57,6 +57,7 @@ from experiments._report import (
     fmt,
     markdown_table,
     new_figure,
+    run_caption,
     save_figure,
 )
 from experiments.lbm_accuracy import SIXTEEN_BIT, storage_label, sweep
@@ -115,7 +116,10 @@ _SETTINGS = {
         ),
     ),
     # the radius study needs r >= 8 (hours on a 2-core CPU): only at full scale
-    "quick": Settings(4.0, 32, 20, 0.05, (0.03,), 6.0, RUNS, 0.15, 7),
+    "quick": Settings(
+        4.0, 32, 20, 0.05, (0.03,), 6.0, (*RUNS[:2], ("fp16s", True)), 0.15, 3
+    ),
+    "standard": Settings(4.0, 32, 20, 0.05, (0.03,), 6.0, RUNS, 0.15, 7),
     "full": Settings(
         5.0,
         50,
@@ -141,7 +145,7 @@ IBM_OVERHEAD_TARGET = 0.20
 
 
 def settings_for(scale: str) -> Settings:
-    """The settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
+    """The settings of ``scale`` (one of :data:`experiments._framework.SCALES`)."""
     return _framework.settings_for(_SETTINGS, scale)
 
 
@@ -214,8 +218,14 @@ def _deviation(record: dict[str, Any], reference: dict[str, Any] | None) -> floa
     )
 
 
-def _figure(studies: dict[float, list[dict[str, Any]]], out: Path) -> Path:
+def _figure(
+    studies: dict[float, list[dict[str, Any]]], st: Settings, out: Path, caption: str
+) -> Path:
     fig, axes = new_figure(2, len(studies), size=(6.0, 4.0))
+    fig.suptitle(
+        f"Capsule in shear flow, r = {st.radius:g} cells in a {st.width} x "
+        f"{st.width} x {st.height} box, Re = {st.re:g}"
+    )
     colours = [f"C{i}" for i in range(len(RUNS))]
     for col, (ca, records) in enumerate(studies.items()):
         top, bottom = axes[0, col], axes[1, col]
@@ -242,7 +252,7 @@ def _figure(studies: dict[float, list[dict[str, Any]]], out: Path) -> Path:
         bottom.set_ylabel("|D - D(FP64)| (floored at 1e-12)")
         if bottom.get_legend_handles_labels()[0]:
             bottom.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return save_figure(fig, out / "deformation.png")
+    return save_figure(fig, out / "deformation.png", caption=caption)
 
 
 def run(
@@ -281,7 +291,7 @@ def run(
         bench = bench_ibm(rounds=st.bench_rounds)
     table, findings = _compare_with_fp64(studies)
     checks = evaluate_checks(studies, st, bench)
-    figure = _figure(studies, out_dir)
+    figure = _figure(studies, st, out_dir, run_caption(env))
     figures = [figure]
     if conv is not None:
         checks.update(convergence_checks(conv, st.convergence))
