@@ -111,16 +111,17 @@ def _print_wall_times(
     outcomes: Sequence[PipelineOutcome], write: Callable[[str], None]
 ) -> None:
     write(
-        "\n| pipeline | status | wall time (s) | expected (s) | other load (cores) |"
-        "\n|---|---|---:|---:|---:|\n"
+        "\n| pipeline | status | wall time (s) | expected (s) | CPU time (s) "
+        "| other load (cores) |\n|---|---|---:|---:|---:|---:|\n"
     )
     for o in outcomes:
         expected = _timing.EXPECTED_S.get(o.scale, {}).get(o.name)
         write(
             f"| {o.name} | {o.status} | {o.wall_s:.1f} | {fmt(expected, '.0f')} | "
-            f"{fmt(o.other_cores, '.2f')} |\n"
+            f"{fmt(o.cpu_s, '.1f')} | {fmt(o.other_cores, '.2f')} |\n"
         )
-    write(f"| total | | {sum(o.wall_s for o in outcomes):.1f} | | |\n")
+    total = sum(o.wall_s for o in outcomes)
+    write(f"| total | | {total:.1f} | | | |\n")
 
 
 def _announce(

@@ -145,7 +145,8 @@ def figures(
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale")
     ax.set_title("Dynamic loss scale during training")
-    ax.legend(fontsize=7)
+    if series:  # nothing in a legend that is not drawn
+        ax.legend(fontsize=7)
     save_figure(fig, out_dir / "loss_scale.png", caption=caption)
     return ["loss_curves.png", "loss_scale.png"]
 

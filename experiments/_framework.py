@@ -411,13 +411,16 @@ def run_pipeline(
             result = run(tmp, quick=scale != "full", seed=seed, **extra)
             table, checks, unresolved = _validate_result(name, result)
             wall_s = time.perf_counter() - start
-            other_cores = _timing.load_besides(sample)
+            until = _timing.cpu_sample()
+            other_cores = _timing.load_besides(sample, until)
+            cpu_s = until.own - sample.own
             summary = {
                 "pipeline": name,
                 "passed": checks_failure(checks, unresolved) is None,
                 "checks": checks,
                 "unresolved": unresolved,
                 "wall_s": wall_s,
+                "cpu_s": cpu_s,
                 "other_cores": other_cores,
                 "environment": environment,
                 "table": table,
@@ -437,6 +440,7 @@ def run_pipeline(
             error=traceback.format_exc(),
             scale=scale,
             other_cores=_timing.load_besides(sample),
+            cpu_s=_timing.cpu_sample().own - sample.own,
         )
     return PipelineOutcome(
         name,
@@ -447,6 +451,7 @@ def run_pipeline(
         unresolved=unresolved,
         scale=scale,
         other_cores=other_cores,
+        cpu_s=cpu_s,
     )
 
 

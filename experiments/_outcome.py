@@ -33,6 +33,8 @@ class PipelineOutcome:
         scale: the scale it ran at.
         other_cores: cores kept busy by other processes while it ran, on average
             (``None`` where unknown; see :func:`experiments._timing.load_besides`).
+        cpu_s: CPU seconds it used (this process and the processes it waited
+            for), all cores together.
     """
 
     name: str
@@ -44,6 +46,7 @@ class PipelineOutcome:
     unresolved: Mapping[str, str] = dataclasses.field(default_factory=dict)
     scale: str = "quick"
     other_cores: float | None = None
+    cpu_s: float | None = None
 
     @property
     def passed(self) -> bool:

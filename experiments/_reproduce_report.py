@@ -40,6 +40,7 @@ def write_top_level_report(
             o.name: {
                 "passed": o.passed,
                 "wall_s": o.wall_s,
+                "cpu_s": o.cpu_s,
                 "other_cores": o.other_cores,
                 "over_budget": o.over_budget is not None,
                 "checks": dict(o.checks),
@@ -61,8 +62,8 @@ def write_top_level_report(
         f"{env['timestamp']}.",
         "",
         "| pipeline | status | checks passed | wall time (s) | expected (s) "
-        "| budget (s) | other load (cores) | report |",
-        "|---|---|---|---:|---:|---:|---:|---|",
+        "| budget (s) | CPU time (s) | other load (cores) | report |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for o in outcomes:
         budget = _timing.budget_s(o.name, scale)
@@ -71,7 +72,7 @@ def write_top_level_report(
         lines.append(
             f"| {o.name} | {o.status} | {sum(o.checks.values())}/{len(o.checks)} | "
             f"{o.wall_s:.1f} | {fmt(expected.get(o.name), '.0f')} | {budget_text} | "
-            f"{fmt(o.other_cores, '.2f')} | {report} |"
+            f"{fmt(o.cpu_s, '.1f')} | {fmt(o.other_cores, '.2f')} | {report} |"
         )
     lines += ["", _total_line(total, scale), ""]
     for o in outcomes:
@@ -102,6 +103,7 @@ def _total_line(total: float, scale: str) -> str:
     )
     return (
         f"Total wall time: {total:.1f} s against {expected:.0f} s expected{promise}. "
-        "Other load is the average number of cores other processes kept busy while "
-        "a pipeline ran (from /proc/stat); wall times grow with it."
+        "CPU time is the pipeline's own (all cores together); other load is the "
+        "average number of cores other processes kept busy while it ran (from "
+        "/proc/stat): wall times grow with it."
     )

@@ -17,7 +17,8 @@ The report says which 16-bit format is closest to FP32 and whether 16-bit storag
 survives the raindrop's violent interface dynamics (every run stable, mass kept,
 fill field and crown within the stated bounds of FP32's).
 
-Scales: ``quick`` (a 2-core CPU, under a minute: raindrop D = 8 cells for
+Scales: ``quick`` and ``standard`` alike (a 2-core CPU, under a minute: raindrop D = 8
+cells for
 1.5 ms, 2-D static drop 64^2 with R = 12, capillary wave of wavelength 64),
 ``full`` (the raindrop at D = 32 cells for the paper's 3 ms per format, 3-D
 static drops 64^3 with R = 8, 12, 16, capillary wave of wavelength 100: 16

@@ -26,7 +26,8 @@ subnormals (or flush them), FP16S at least ten times fewer; and the median
 exponent of the 2-D validation cases is the one the tailored posit ``posit16s`` is
 scaled to.
 
-Scales: ``tiny`` (tests), ``quick`` (a 2-core CPU, about a minute), ``full``
+Scales: ``tiny`` (tests), ``quick`` (a 2-core CPU, half a minute: the ``standard``
+runs at half their steps, 6 samples each), ``standard`` (about a minute), ``full``
 (larger grids and longer runs). Outputs: ``results.json``, ``profiles/<case>.json``
 (the `ProfileReport` of each case, reloadable with
 ``mpjax.ProfileReport.from_json``), the figures and ``REPORT.md``.
