@@ -357,6 +357,17 @@ def _table(summaries: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def _options_words(spec: CaseRun) -> str:
+    """A case's grid options and steps in words, for figure titles.
+
+    >>> _options_words(CaseRun("cavity", {"n": 32}, 1500))
+    'n = 32, 1500 steps'
+    """
+    words = [f"{k} = {v:g}" for k, v in spec.options.items()]
+    words += [f"{spec.steps} steps"] if spec.steps is not None else []
+    return ", ".join(words) or "the case's defaults"
+
+
 def _range_figure(
     summaries: dict[str, dict[str, Any]],
     precision: dict[str, Any],
@@ -423,8 +434,8 @@ def run(
         labels = tuple(f"{r.source}, {r.location}" for r in report.records)
         fig = report.figure(
             ("float16", "fp16s", "fp16c", "posit16s"),
-            title=f"{spec.case.replace('_', ' ')}: stored populations over time "
-            "(FP32, DDF-shifted run)",
+            title=f"{spec.case.replace('_', ' ')} ({_options_words(spec)}): stored "
+            "populations over time (FP32, DDF-shifted run)",
             row_labels=labels,
             row_axis="populations and time step of the sample",
         )
