@@ -23,6 +23,9 @@ loss-scale trajectory, and compares each mixed run with float32 within the task'
 stated tolerances. It also measures the gradient underflow that loss scaling fixes:
 the share of gradient entries that are non-zero in float32 but flush to zero in
 float16 with a loss scale of 1, and with the dynamic scale the float16 run ended on.
+
+The quick scale (the main job) trains the MLP and the encoder; the standard and
+full scales train all three networks.
 """
 
 from __future__ import annotations

@@ -184,3 +184,13 @@ def test_make_tasks_rejects_unknown_scale():
 
 def test_settings_cover_every_framework_scale():
     assert tuple(_amp_tasks.SETTINGS) == _framework.SCALES
+
+
+def test_quick_scale_trains_the_mlp_and_the_encoder_and_the_others_all_three():
+    quick = amp.make_tasks("quick")
+    assert list(quick) == ["mlp", "bert"]
+    for scale in ("tiny", "standard", "full"):
+        assert _amp_tasks.SETTINGS[scale].networks == ("mlp", "unet", "bert")
+    # the encoder is the same network with or without the U-Net built beside it
+    tiny = amp.make_tasks("tiny")
+    assert list(tiny) == ["mlp", "unet", "bert"]
