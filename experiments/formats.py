@@ -351,7 +351,7 @@ and timings on a shared machine are noisy).
 
 ![rounding error](rounding_error.png)
 
-fp16s is float16 shifted down by 2**15 (range [2**-39, 2)); fp16c trades the
+fp16s is float16 shifted down by `2**15` (range `[2**-39, 2)`); fp16c trades the
 Inf/NaN codes and one exponent bit for one more mantissa bit; the posits are most
 precise near 1 and lose precision gradually towards minpos/maxpos.
 
