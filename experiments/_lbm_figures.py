@@ -176,7 +176,7 @@ def build_error_figure(
     ]
     fig.legend(
         handles=[h for h in handles if drawn[h.get_label()]],
-        loc="outside upper center",
+        loc="outside lower center",
         ncol=3,
         fontsize="small",
         title=LABEL_KEY,
@@ -304,20 +304,36 @@ def cavity_figure(
 def build_cylinder_figure(
     records: list[dict[str, Any]], *, case: str = "cylinder"
 ) -> Any:
-    """Lift-coefficient signal and Strouhal number per storage policy.
+    """Lift-coefficient signal and Strouhal number per storage policy, and the
+    lift's difference to the FP64 (else FP32) run, where the signals coincide.
 
     The Strouhal numbers are points on an axis zoomed to them and the reference
     band, so a gap of a few percent stays visible; a run without a measurable
     shedding frequency is listed as "n/a".
     """
-    fig, axes = new_figure(1, 2, size=(6.0, 4.2))
-    ax_sig, ax_st = axes[0]
+    fig, axes = new_figure(1, 3, size=(4.6, 4.2))
+    ax_sig, ax_st, ax_dif = axes[0]
     colours = distinct_colours(len(records))
+    reference = _reference_record(records)
+    ref_cl = (reference or {}).get("history", {}).get("cl")
     for r, colour in zip(records, colours, strict=True):
         history = r.get("history", {})
         if r["stable"] and "cl" in history:
             t = np.asarray(history.get("t", np.arange(len(history["cl"]))))
             ax_sig.plot(t, history["cl"], lw=0.8, color=colour, label=r["label"])
+            if r is not reference and ref_cl is not None:
+                n = min(len(ref_cl), len(history["cl"]))
+                dif = np.abs(np.asarray(history["cl"][:n]) - np.asarray(ref_cl[:n]))
+                ax_dif.semilogy(
+                    t[:n], np.where(dif > 0, dif, np.nan), lw=0.8, color=colour
+                )
+    ref_name = "none" if reference is None else reference["label"]
+    ax_dif.set(
+        xlabel="time step",
+        ylabel=f"|c_l - c_l({ref_name})| (-)",
+        title=f"lift difference to {ref_name}",
+    )
+    ax_dif.grid(alpha=0.3, which="both")
     ax_sig.set(
         xlabel="time step",
         ylabel="lift coefficient c_l (-)",
