@@ -114,7 +114,8 @@ def figures(
         for i, (policy, rec) in enumerate(runs.items()):
             style = _SERIES_STYLES[i % len(_SERIES_STYLES)]
             every = max(1, len(rec.losses) // 8)
-            kw = {"label": policy, "lw": 1.0, "markevery": every, "ms": 4}
+            start = i * every // len(runs)  # markers side by side, not stacked
+            kw = {"label": policy, "lw": 1.0, "markevery": (start, every), "ms": 4}
             top.plot(rec.losses, style, color=f"C{i}", alpha=0.85, **kw)
             if policy != REFERENCE:
                 bottom.plot(rec.losses - reference, style, color=f"C{i}", **kw)
@@ -139,7 +140,15 @@ def figures(
         for policy, rec in runs.items():
             if np.any(rec.loss_scales != 1.0):  # a loss-scaled configuration
                 steps = np.arange(len(rec.loss_scales))
-                ax.step(steps, rec.loss_scales, f"C{series}", label=f"{name} {policy}")
+                style = _SERIES_STYLES[series % len(_SERIES_STYLES)][:-1]
+                ax.step(
+                    steps,
+                    rec.loss_scales,
+                    style,
+                    color=f"C{series}",
+                    lw=max(0.8, 2.5 - 0.7 * series),  # the first stays visible
+                    label=f"{name} {policy}",
+                )
                 series += 1
     ax.set_yscale("log", base=2)
     ax.set_xlabel("step")
