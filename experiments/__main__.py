@@ -2,17 +2,21 @@
 
 Usage::
 
-    python -m experiments reproduce [--quick | --full] [--out DIR] [--seed N]
-                                    [--only NAME[,NAME...]]
-    python -m experiments <pipeline> [--quick | --full] [--out DIR] [--seed N]
+    python -m experiments reproduce [--quick | --standard | --full] [--out DIR]
+                                    [--seed N] [--only NAME[,NAME...]]
+    python -m experiments <pipeline> [--quick | --standard | --full] [--out DIR]
+                                     [--seed N]
     python -m experiments list
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
 ``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
-``number_range``) in order, prints each result table as it
-finishes, then the wall time of every pipeline, and writes ``summary.json`` and
-``REPORT.md`` next to the per-pipeline directories. ``--quick`` (the default) fits a
-2-core CPU in about ten minutes; ``--full`` runs paper-scale settings meant for a GPU.
+``number_range``) in order, each under a progress bar with its expected time, prints
+each result table as it finishes, then a table of every pipeline's status and wall
+time, and writes ``REPORT.md``, ``summary.json`` and ``index.html`` (one page with
+every table and figure) next to the per-pipeline directories. ``--quick`` (the
+default) finishes within five minutes on an idle 2-core CPU; ``--standard`` runs the
+larger CPU settings (about ten minutes); ``--full`` runs paper-scale settings meant
+for a GPU.
 
 Results go to ``results/<pipeline>/`` in the current directory (``--out`` to write
 elsewhere; the notebooks use the same default). Each run writes into a fresh
@@ -25,13 +29,21 @@ and 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from experiments import _framework
-from experiments._framework import PipelineOutcome
+from experiments import _framework, _timing
+from experiments._outcome import NO_CHECKS, UNRESOLVED, PipelineOutcome
+from experiments._report import elapsed_bar, fmt
 from experiments._reproduce_report import write_top_level_report
+
+_SCALE_HELP = {
+    "quick": "the main job: within five minutes on an idle 2-core CPU (default)",
+    "standard": "larger CPU settings with more rounds (about ten minutes)",
+    "full": "paper-scale settings (meant for a GPU)",
+}
 
 
 def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
@@ -44,19 +56,14 @@ def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
         help=f"'reproduce', 'list', or one pipeline: {', '.join(pipelines)}",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        dest="quick",
-        action="store_true",
-        default=True,
-        help="small settings for a 2-core CPU (default)",
-    )
-    mode.add_argument(
-        "--full",
-        dest="quick",
-        action="store_false",
-        help="paper-scale settings (meant for a GPU)",
-    )
+    for scale, text in _SCALE_HELP.items():
+        mode.add_argument(
+            f"--{scale}",
+            dest="scale",
+            action="store_const",
+            const=scale,
+            help=text,
+        )
     parser.add_argument(
         "--out",
         type=Path,
@@ -72,41 +79,60 @@ def _parser(pipelines: Mapping[str, object]) -> argparse.ArgumentParser:
     return parser
 
 
-def _print_outcome(
-    outcome: PipelineOutcome, write: Callable[[str], None], quick: bool = True
-) -> None:
-    write(f"\n## {outcome.name}  ({outcome.wall_s:.1f} s)\n")
+def _print_outcome(outcome: PipelineOutcome, write: Callable[[str], None]) -> None:
     if outcome.error is not None:
         write(outcome.error)
-        write(f"{outcome.name}: ERROR (previous results, if any, left in place)\n")
+        write(
+            f"{outcome.name}: ERROR after {outcome.wall_s:.1f} s (previous results, "
+            "if any, left in place)\n"
+        )
         return
     write(outcome.table.rstrip() + "\n")
     failed = [
         k for k, v in outcome.checks.items() if not v and k not in outcome.unresolved
     ]
     if not outcome.checks:
-        status = f"FAILED: {_framework.NO_CHECKS}"
+        status = f"FAILED: {NO_CHECKS}"
     else:
         status = "all checks passed" if not failed else f"FAILED: {', '.join(failed)}"
     for check, spread in outcome.unresolved.items():
-        write(f"{outcome.name}: {check}: {_framework.UNRESOLVED}, {spread}\n")
+        write(f"{outcome.name}: {check}: {UNRESOLVED}, {spread}\n")
     if outcome.unresolved and not failed:
         status = "all other checks passed"
-    if quick and outcome.over_budget is not None:
-        write(
-            f"{outcome.name}: over budget, {outcome.wall_s:.0f} s against its quick "
-            f"budget of {outcome.over_budget:.0f} s\n"
-        )
-    write(f"{outcome.name}: {status}; results in {outcome.out_dir}\n")
+    if outcome.over_budget is not None:
+        write(outcome.over_budget + "\n")
+    write(
+        f"{outcome.name}: {status} in {outcome.wall_s:.1f} s; results in "
+        f"{outcome.out_dir}\n"
+    )
 
 
 def _print_wall_times(
     outcomes: Sequence[PipelineOutcome], write: Callable[[str], None]
 ) -> None:
-    write("\n| pipeline | status | wall time (s) |\n|---|---|---:|\n")
+    write(
+        "\n| pipeline | status | wall time (s) | expected (s) | CPU time (s) "
+        "| other load (cores) |\n|---|---|---:|---:|---:|---:|\n"
+    )
     for o in outcomes:
-        write(f"| {o.name} | {o.status} | {o.wall_s:.1f} |\n")
-    write(f"| total | | {sum(o.wall_s for o in outcomes):.1f} |\n")
+        expected = _timing.EXPECTED_S.get(o.scale, {}).get(o.name)
+        write(
+            f"| {o.name} | {o.status} | {o.wall_s:.1f} | {fmt(expected, '.0f')} | "
+            f"{fmt(o.cpu_s, '.1f')} | {fmt(o.other_cores, '.2f')} |\n"
+        )
+    total = sum(o.wall_s for o in outcomes)
+    write(f"| total | | {total:.1f} | | | |\n")
+
+
+def _announce(
+    name: str, scale: str, write: Callable[[str], None]
+) -> contextlib.AbstractContextManager:
+    """The heading of a pipeline and its progress bar against its expected time."""
+    expected = _timing.EXPECTED_S.get(scale, {}).get(name)
+    when = f"expected ~{expected:.0f} s" if expected is not None else "no estimate"
+    write(f"\n## {name}  ({scale} scale, {when})\n")
+    sys.stdout.flush()
+    return elapsed_bar(name, expected)
 
 
 def main(
@@ -158,7 +184,7 @@ def main(
             f"{', '.join(pipelines)}."
         )
     try:
-        _framework.resolve_scale(args.quick)
+        scale = _framework.resolve_scale(args.scale != "full", args.scale)
     except ValueError as err:
         parser.error(str(err))
     if args.out.exists() and not args.out.is_dir():
@@ -175,21 +201,27 @@ def main(
         )
 
     def report(outcome: PipelineOutcome) -> None:
-        _print_outcome(outcome, write, args.quick)
+        _print_outcome(outcome, write)
         sys.stdout.flush()
 
     outcomes = _framework.run_pipelines(
         names,
         out_root=args.out,
-        quick=args.quick,
+        quick=scale != "full",
         seed=args.seed,
+        scale=scale,
         pipelines=pipelines,
         on_done=report,
+        around=lambda name: _announce(name, scale, write),
     )
     _print_wall_times(outcomes, write)
     if args.target == "reproduce":
-        write_top_level_report(args.out, outcomes, quick=args.quick, seed=args.seed)
-        write(f"\nSummary written to {Path(args.out) / 'REPORT.md'}\n")
+        write_top_level_report(args.out, outcomes, scale=scale, seed=args.seed)
+        write(
+            f"\nRead the results in {args.out / 'REPORT.md'} and, with every figure "
+            f"and table on one page, {args.out / 'index.html'} (open it in a "
+            "browser).\n"
+        )
     return 0 if all(o.passed for o in outcomes) else 1
 
 

@@ -271,25 +271,32 @@ def study_tables(studies: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
 
 
 def study_figures(
-    studies: dict[str, list[dict[str, Any]]], out_dir: Path
+    studies: dict[str, list[dict[str, Any]]], out_dir: Path, *, caption: str = ""
 ) -> list[Path]:
-    """Write the study's figures to ``out_dir``; their paths."""
+    """Write the study's figures to ``out_dir``; their paths.
+
+    ``caption`` (scale and machine, :func:`experiments._report.run_caption`) goes
+    into every figure's title.
+    """
     poiseuille, taylor_green = studies["poiseuille"], studies["taylor_green"]
     figures = [
         error_figure(
             {"poiseuille": poiseuille, "taylor_green": taylor_green},
             {"poiseuille": "l2_error", "taylor_green": "l2_error"},
             out_dir,
+            caption=caption,
         ),
-        width_figure(studies["poiseuille_width"], out_dir),
-        taylor_green_figure(taylor_green, out_dir),
+        width_figure(studies["poiseuille_width"], out_dir, caption=caption),
+        taylor_green_figure(taylor_green, out_dir, caption=caption),
     ]
     if studies["cavity"]:
-        figures.append(cavity_figure(studies["cavity"], out_dir))
+        figures.append(cavity_figure(studies["cavity"], out_dir, caption=caption))
     for case in ("cylinder", "cylinder_unconfined"):
         if studies[case]:
-            figures.append(cylinder_figure(studies[case], out_dir, case=case))
-            figures.append(vorticity_figure(studies[case], out_dir, case=case))
+            for writer in (cylinder_figure, vorticity_figure):
+                figures.append(
+                    writer(studies[case], out_dir, case=case, caption=caption)
+                )
     return figures
 
 

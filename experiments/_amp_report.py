@@ -92,25 +92,48 @@ def run_table(
     return markdown_table(_HEADERS, rows)
 
 
-def figures(out_dir: Path, records: Mapping[str, Mapping[str, RunRecord]]) -> list[str]:
-    """Writes the loss curves and the loss-scale trajectories; returns file names."""
+#: Line style and marker of the n-th policy in a figure (colours follow C0, C1...).
+_SERIES_STYLES = ("-o", "--s", ":^", "-.D", "-v")
+
+
+def figures(
+    out_dir: Path,
+    records: Mapping[str, Mapping[str, RunRecord]],
+    *,
+    caption: str = "",
+) -> list[str]:
+    """Writes the loss curves and the loss-scale trajectories; returns file names.
+
+    The policies' loss curves nearly coincide, so each has its own line style and
+    marker (every series stays visible where they overlap), and the second row
+    shows each policy's difference to the float32 loss.
+    """
     fig, axes = new_figure(2, len(records), size=(4.2, 3.0))
     for col, (name, runs) in enumerate(records.items()):
         top, bottom = axes[0, col], axes[1, col]
         reference = runs[REFERENCE].losses
         for i, (policy, rec) in enumerate(runs.items()):
-            top.plot(rec.losses, f"C{i}", label=policy, linewidth=1.0, alpha=0.85)
+            style = _SERIES_STYLES[i % len(_SERIES_STYLES)]
+            every = max(1, len(rec.losses) // 8)
+            start = i * every // len(runs)  # markers side by side, not stacked
+            kw = {"label": policy, "lw": 1.0, "markevery": (start, every), "ms": 4}
+            top.plot(rec.losses, style, color=f"C{i}", alpha=0.85, **kw)
             if policy != REFERENCE:
-                bottom.plot(rec.losses - reference, f"C{i}", label=policy, lw=1.0)
+                bottom.plot(rec.losses - reference, style, color=f"C{i}", **kw)
         top.set_yscale("log")
         top.set_title(TITLES.get(name, name))
         top.set_ylabel("training loss")
-        top.legend(fontsize=7)
         bottom.axhline(0.0, color="0.6", linewidth=0.8)
         bottom.set_xlabel("step")
         bottom.set_ylabel(f"loss - {REFERENCE} loss")
-        bottom.legend(fontsize=7)
-    save_figure(fig, out_dir / "loss_curves.png")
+    fig.legend(
+        *axes[0, 0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=len(next(iter(records.values()))),
+        fontsize="small",
+    )
+    fig.suptitle("Training loss per policy (top) and its difference to float32")
+    save_figure(fig, out_dir / "loss_curves.png", caption=caption)
     fig, axes = new_figure(size=(5.6, 3.6))
     ax = axes[0, 0]
     series = 0
@@ -118,14 +141,23 @@ def figures(out_dir: Path, records: Mapping[str, Mapping[str, RunRecord]]) -> li
         for policy, rec in runs.items():
             if np.any(rec.loss_scales != 1.0):  # a loss-scaled configuration
                 steps = np.arange(len(rec.loss_scales))
-                ax.step(steps, rec.loss_scales, f"C{series}", label=f"{name} {policy}")
+                style = _SERIES_STYLES[series % len(_SERIES_STYLES)][:-1]
+                ax.step(
+                    steps,
+                    rec.loss_scales,
+                    style,
+                    color=f"C{series}",
+                    lw=max(0.8, 2.5 - 0.7 * series),  # the first stays visible
+                    label=f"{name} {policy}",
+                )
                 series += 1
     ax.set_yscale("log", base=2)
     ax.set_xlabel("step")
     ax.set_ylabel("loss scale")
     ax.set_title("Dynamic loss scale during training")
-    ax.legend(fontsize=7)
-    save_figure(fig, out_dir / "loss_scale.png")
+    if series:  # nothing in a legend that is not drawn
+        ax.legend(fontsize=7)
+    save_figure(fig, out_dir / "loss_scale.png", caption=caption)
     return ["loss_curves.png", "loss_scale.png"]
 
 

@@ -2,7 +2,8 @@
 
 A *pipeline* is a module ``experiments.<name>`` exposing::
 
-    run(out_dir: pathlib.Path, *, quick: bool = True, seed: int = 0) -> dict
+    run(out_dir: pathlib.Path, *, quick: bool = True, seed: int = 0,
+        scale: str | None = None) -> dict
 
 that writes its JSON, PNG figures and a ``REPORT.md`` into ``out_dir`` (which exists
 and is empty) and returns a dict with at least ``"table"`` (a markdown table string)
@@ -18,16 +19,18 @@ and the previous results stay untouched. The framework adds ``environment.json``
 ``summary.json`` (checks, wall time, environment) to every result directory; the
 report over all pipelines is :mod:`experiments._reproduce_report`'s.
 
-Scales: ``"quick"`` (a 2-core CPU, minutes), ``"full"`` (paper-scale, for a GPU) and a
-hidden ``"tiny"`` scale for tests, selected with the environment variable
-``MPJAX_EXPERIMENTS_SCALE=tiny`` (honoured by pipelines that call
-:func:`resolve_scale`).
+Scales: ``"quick"`` (the main job: every pipeline within five minutes on an idle
+2-core CPU), ``"standard"`` (larger CPU runs with more rounds, about ten minutes),
+``"full"`` (paper-scale, for a GPU) and a hidden ``"tiny"`` scale for tests, selected
+with the environment variable ``MPJAX_EXPERIMENTS_SCALE=tiny`` (honoured by
+:func:`resolve_scale` when no scale is given). The framework passes the scale to a
+pipeline whose ``run`` takes ``scale``; each pipeline looks its settings up with
+:func:`settings_for`. Expected wall times and budgets are :mod:`experiments._timing`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import importlib
 import inspect
@@ -45,16 +48,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
+from experiments import _timing
+from experiments._outcome import PipelineOutcome, checks_failure
+
 __all__ = [
     "DEFAULT_RESULTS_DIR",
-    "NO_CHECKS",
     "PIPELINES",
-    "QUICK_BUDGET_S",
     "SCALES",
     "SCALE_ENV_VAR",
-    "PipelineOutcome",
     "capture_environment",
-    "checks_failure",
     "fresh_directory",
     "git_commit",
     "resolve_scale",
@@ -76,20 +78,7 @@ PIPELINES: Mapping[str, str] = {
     "number_range": "experiments.number_range",
 }
 
-#: Wall-time budget (seconds) of each pipeline at the quick scale on a 2-core CPU;
-#: their sum bounds the wall time of ``reproduce --quick`` (checked by a slow test).
-QUICK_BUDGET_S: Mapping[str, float] = {
-    "formats": 30.0,
-    "mixed_precision_bench": 60.0,
-    "amp": 180.0,
-    "lbm_accuracy": 240.0,
-    "lbm_performance": 90.0,
-    "lbm_capsule": 180.0,
-    "lbm_raindrop": 180.0,
-    "number_range": 120.0,
-}
-
-SCALES: tuple[str, ...] = ("tiny", "quick", "full")
+SCALES: tuple[str, ...] = ("tiny", "quick", "standard", "full")
 _S = TypeVar("_S")
 SCALE_ENV_VAR = "MPJAX_EXPERIMENTS_SCALE"
 #: Parent of the result directories for the command line and the notebooks alike:
@@ -115,7 +104,8 @@ RunFn = Callable[..., dict]
 def resolve_scale(quick: bool, scale: str | None = None) -> str:
     """Return the scale a pipeline should run at.
 
-    An explicit ``scale`` wins; otherwise a quick run honours the environment variable
+    An explicit ``scale`` wins (``"standard"`` comes this way, from the command
+    line's ``--standard``); otherwise a quick run honours the environment variable
     ``MPJAX_EXPERIMENTS_SCALE`` (``tiny`` for tests); otherwise ``"quick"`` or
     ``"full"`` follows ``quick``.
 
@@ -124,13 +114,13 @@ def resolve_scale(quick: bool, scale: str | None = None) -> str:
         scale: an explicit scale, one of :data:`SCALES`, or ``None``.
 
     Returns:
-        One of ``"tiny"``, ``"quick"``, ``"full"``.
+        One of :data:`SCALES`.
 
     Raises:
         ValueError: if ``scale`` or the environment variable names an unknown scale.
 
-    >>> resolve_scale(False)
-    'full'
+    >>> resolve_scale(False), resolve_scale(True, "standard")
+    ('full', 'standard')
     """
     if scale is None and quick:
         scale = os.environ.get(SCALE_ENV_VAR) or None
@@ -157,7 +147,7 @@ def settings_for(table: Mapping[str, _S], scale: str) -> _S:
     Raises:
         ValueError: if ``table`` has no entry for ``scale``.
 
-    >>> settings_for({"tiny": 1, "quick": 2, "full": 3}, "quick")
+    >>> settings_for({"tiny": 1, "quick": 2, "standard": 3, "full": 4}, "quick")
     2
     """
     if scale not in table:
@@ -207,6 +197,18 @@ def _package_versions() -> dict[str, str]:
     return versions
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any]:
     """Describe the software and hardware a result was produced on.
 
@@ -214,7 +216,7 @@ def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any
 
     Args:
         seed: the run's base random seed.
-        scale: the run's scale (``"tiny"``, ``"quick"`` or ``"full"``), or ``None``
+        scale: the run's scale (one of :data:`SCALES`), or ``None``
             for a benchmark that has none (``scale`` and ``quick`` are then
             ``None``).
 
@@ -231,6 +233,7 @@ def capture_environment(*, seed: int, scale: str | None = None) -> dict[str, Any
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
         "backend": jax.default_backend(),
         "device_kind": devices[0].device_kind if devices else "none",
         "device_count": len(devices),
@@ -271,86 +274,6 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineOutcome:
-    """What one pipeline run produced.
-
-    Attributes:
-        name: pipeline name.
-        out_dir: the result directory (``None`` if the pipeline raised).
-        wall_s: wall time in seconds.
-        checks: the pipeline's sanity checks.
-        table: the markdown table the pipeline returned ("" on error).
-        error: the formatted traceback if the pipeline raised, else ``None``.
-        unresolved: failed timing checks whose measured spread straddles their
-            target (name -> the spread, in words): the machine's load, not the
-            code, decided them, so they do not fail the pipeline.
-    """
-
-    name: str
-    out_dir: Path | None
-    wall_s: float
-    checks: Mapping[str, bool]
-    table: str
-    error: str | None = None
-    unresolved: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        """True when the pipeline ran, returned checks and every check passed."""
-        return self.failure is None
-
-    @property
-    def failure(self) -> str | None:
-        """Why the pipeline did not pass (``None`` when it passed)."""
-        if self.error is not None:
-            return "raised an error"
-        return checks_failure(self.checks, self.unresolved)
-
-    @property
-    def status(self) -> str:
-        """``error``, ``FAIL``, ``pass`` or ``pass (N unresolved)`` for a report."""
-        if self.error is not None:
-            return "error"
-        if not self.passed:
-            return "FAIL"
-        return (
-            f"pass ({len(self.unresolved)} unresolved)" if self.unresolved else "pass"
-        )
-
-    @property
-    def over_budget(self) -> float | None:
-        """The quick budget (s) this pipeline overran, or ``None``."""
-        budget = QUICK_BUDGET_S.get(self.name)
-        return budget if budget is not None and self.wall_s > budget else None
-
-
-#: Why a pipeline that returned an empty check set fails.
-NO_CHECKS = "returned no checks (a pipeline must check something to pass)"
-
-
-#: What the reports call a timing check the machine's load left undecided; it
-#: does not fail its pipeline.
-UNRESOLVED = "unresolved (machine load)"
-
-
-def checks_failure(
-    checks: Mapping[str, bool], unresolved: Mapping[str, str] | None = None
-) -> str | None:
-    """Why ``checks`` is not a pass: none given, or the names of the failed ones
-    (a failed check listed in ``unresolved`` is not a failure).
-
-    >>> checks_failure({"a": True}) is None, checks_failure({})
-    (True, 'returned no checks (a pipeline must check something to pass)')
-    >>> checks_failure({"t": False}, {"t": "0.9-1.1"}) is None
-    True
-    """
-    if not checks:
-        return NO_CHECKS
-    failed = [k for k, v in checks.items() if not v and k not in (unresolved or {})]
-    return f"failed checks: {', '.join(failed)}" if failed else None
 
 
 @contextlib.contextmanager
@@ -446,6 +369,7 @@ def run_pipeline(
     out_root: Path = DEFAULT_RESULTS_DIR,
     quick: bool = True,
     seed: int = 0,
+    scale: str | None = None,
     pipelines: Mapping[str, str | RunFn] = PIPELINES,
     catch: bool = True,
 ) -> PipelineOutcome:
@@ -456,6 +380,8 @@ def run_pipeline(
         out_root: the parent directory of the result directory.
         quick: quick (CPU) or full (paper-scale) settings.
         seed: base random seed passed to the pipeline.
+        scale: an explicit scale (see :func:`resolve_scale`), passed on to a
+            pipeline whose ``run`` takes ``scale``.
         pipelines: the registry (name -> module path or ``run`` callable).
         catch: record an exception raised by the pipeline in the outcome instead of
             propagating it (the CLI keeps going with the next pipeline).
@@ -464,35 +390,43 @@ def run_pipeline(
         The :class:`PipelineOutcome`.
 
     Raises:
-        ValueError: for an unknown pipeline name or a negative seed.
+        ValueError: for an unknown pipeline name or scale, or a negative seed.
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed is {seed!r}; expected a non-negative int.")
     run = _load_run(name, pipelines)
-    scale = resolve_scale(quick)
+    scale = resolve_scale(quick, scale)
     final = Path(out_root) / name
     extra: dict[str, Any] = {}
-    if "work_dir" in inspect.signature(run).parameters:
+    parameters = inspect.signature(run).parameters
+    if "work_dir" in parameters:
         extra["work_dir"] = work_directory(out_root, name)
-    start = time.perf_counter()
+    if "scale" in parameters:
+        extra["scale"] = scale
+    start, sample = time.perf_counter(), _timing.cpu_sample()
     try:
         with fresh_directory(final) as tmp:
             environment = capture_environment(seed=seed, scale=scale)
             write_json(tmp / "environment.json", environment)
-            result = run(tmp, quick=quick, seed=seed, **extra)
+            result = run(tmp, quick=scale != "full", seed=seed, **extra)
             table, checks, unresolved = _validate_result(name, result)
             wall_s = time.perf_counter() - start
+            until = _timing.cpu_sample()
+            other_cores = _timing.load_besides(sample, until)
+            cpu_s = until.own - sample.own
             summary = {
                 "pipeline": name,
                 "passed": checks_failure(checks, unresolved) is None,
                 "checks": checks,
                 "unresolved": unresolved,
                 "wall_s": wall_s,
+                "cpu_s": cpu_s,
+                "other_cores": other_cores,
                 "environment": environment,
                 "table": table,
             }
             write_json(tmp / "summary.json", summary)
-        if extra:  # finished: nothing left to reuse
+        if "work_dir" in extra:  # finished: nothing left to reuse
             shutil.rmtree(extra["work_dir"], ignore_errors=True)
     except Exception:  # a failing pipeline must not stop the others
         if not catch:
@@ -504,8 +438,21 @@ def run_pipeline(
             checks={},
             table="",
             error=traceback.format_exc(),
+            scale=scale,
+            other_cores=_timing.load_besides(sample),
+            cpu_s=_timing.cpu_sample().own - sample.own,
         )
-    return PipelineOutcome(name, final, wall_s, checks, table, unresolved=unresolved)
+    return PipelineOutcome(
+        name,
+        final,
+        wall_s,
+        checks,
+        table,
+        unresolved=unresolved,
+        scale=scale,
+        other_cores=other_cores,
+        cpu_s=cpu_s,
+    )
 
 
 def run_pipelines(
@@ -514,8 +461,10 @@ def run_pipelines(
     out_root: Path = DEFAULT_RESULTS_DIR,
     quick: bool = True,
     seed: int = 0,
+    scale: str | None = None,
     pipelines: Mapping[str, str | RunFn] = PIPELINES,
     on_done: Callable[[PipelineOutcome], None] | None = None,
+    around: Callable[[str], contextlib.AbstractContextManager] | None = None,
 ) -> list[PipelineOutcome]:
     """Run several pipelines in order; see :func:`run_pipeline`.
 
@@ -524,8 +473,11 @@ def run_pipelines(
         out_root: parent directory of the result directories.
         quick: quick or full settings.
         seed: base random seed.
+        scale: an explicit scale for every pipeline (see :func:`resolve_scale`).
         pipelines: the registry.
         on_done: called with each outcome as soon as it is available.
+        around: ``around(name)`` gives a context manager each pipeline runs in
+            (the command line's progress bar).
 
     Returns:
         The outcomes, in the order of ``names``.
@@ -537,9 +489,15 @@ def run_pipelines(
         )
     outcomes = []
     for name in names:
-        outcome = run_pipeline(
-            name, out_root=out_root, quick=quick, seed=seed, pipelines=pipelines
-        )
+        with around(name) if around is not None else contextlib.nullcontext():
+            outcome = run_pipeline(
+                name,
+                out_root=out_root,
+                quick=quick,
+                seed=seed,
+                scale=scale,
+                pipelines=pipelines,
+            )
         outcomes.append(outcome)
         if on_done is not None:
             on_done(outcome)

@@ -23,6 +23,7 @@ from lbm_jax.cases.cavity import centre_lines
 __all__ = [
     "CASE_NAMES",
     "METRIC_NAMES",
+    "build_cavity_figure",
     "build_cylinder_figure",
     "build_error_figure",
     "build_taylor_green_figure",
@@ -32,6 +33,7 @@ __all__ = [
     "distinct_colours",
     "error_figure",
     "ghia",
+    "grid_words",
     "metric",
     "taylor_green_figure",
     "STROUHAL_RANGE",
@@ -55,6 +57,22 @@ _REFERENCE_NAME = {
 #: every legend that shows them: 16-bit storage with (S) or without (-)
 #: DDF-shifting; 32- and 64-bit storage carry no suffix.
 LABEL_KEY = "label suffix S: DDF-shifted, -: unshifted (16-bit storage)"
+
+
+def grid_words(case: str, records: list[dict[str, Any]]) -> str:
+    """The grid of a study's runs in words, for figure titles.
+
+    >>> grid_words("cavity", [{"n": 32}]), grid_words("cylinder", [{"n": 10}])
+    ('32 x 32 cells', 'D = 10 cells')
+    """
+    n = next((r["n"] for r in records if "n" in r), None)
+    if n is None:
+        return "default grid"
+    if case.startswith("cylinder"):
+        return f"D = {n} cells"
+    if case == "poiseuille":
+        return f"channel width {n} cells"
+    return f"{n} x {n} cells"
 
 
 def metric(record: dict[str, Any], key: str) -> float:
@@ -140,15 +158,25 @@ def build_error_figure(
                 range(len(labels)), labels, rotation=60, ha="right", fontsize="x-small"
             )
             ax.set_ylabel(METRIC_NAMES.get(key, key), fontsize="x-small")
-            ax.set_title(CASE_NAMES.get(case, case), fontsize="small")
+            ax.set_title(
+                f"{CASE_NAMES.get(case, case)}, {grid_words(case, records)}",
+                fontsize="small",
+            )
             ax.grid(axis="y", alpha=0.3)
+    runs = [r for records in studies.values() for r in records]
+    drawn = {  # only what some bar shows
+        "DDF-shifted": any(r["shift"] for r in runs),
+        "unshifted": any(not r["shift"] for r in runs),
+        "unstable": any(not r["stable"] for r in runs),
+    }
+    handles = [
+        Patch(color="tab:blue", label="DDF-shifted"),
+        Patch(color="tab:gray", label="unshifted"),
+        Patch(facecolor="tab:red", hatch="//", label="unstable"),
+    ]
     fig.legend(
-        handles=[
-            Patch(color="tab:blue", label="DDF-shifted"),
-            Patch(color="tab:gray", label="unshifted"),
-            Patch(facecolor="tab:red", hatch="//", label="unstable"),
-        ],
-        loc="outside upper center",
+        handles=[h for h in handles if drawn[h.get_label()]],
+        loc="outside lower center",
         ncol=3,
         fontsize="small",
         title=LABEL_KEY,
@@ -158,13 +186,21 @@ def build_error_figure(
 
 
 def error_figure(
-    studies: dict[str, list[dict[str, Any]]], keys: dict[str, str], out: Path
+    studies: dict[str, list[dict[str, Any]]],
+    keys: dict[str, str],
+    out: Path,
+    *,
+    caption: str = "",
 ) -> Path:
     """Write :func:`build_error_figure` to ``out/errors.png``."""
-    return save_figure(build_error_figure(studies, keys), out / "errors.png")
+    return save_figure(
+        build_error_figure(studies, keys), out / "errors.png", caption=caption
+    )
 
 
-def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
+def width_figure(
+    records: list[dict[str, Any]], out: Path, *, caption: str = ""
+) -> Path:
     """Poiseuille error against the analytic profile versus channel width."""
     fig, axes = new_figure(1, 1)
     ax = axes[0, 0]
@@ -179,54 +215,129 @@ def width_figure(records: list[dict[str, Any]], out: Path) -> Path:
     ax.set_title("Poiseuille flow: error versus channel width")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small", title=LABEL_KEY, title_fontsize="x-small")
-    return save_figure(fig, out / "poiseuille_width.png")
+    return save_figure(fig, out / "poiseuille_width.png", caption=caption)
 
 
-def cavity_figure(records: list[dict[str, Any]], out: Path) -> Path:
-    """Cavity centre-line profiles per storage policy against Ghia et al."""
-    res = list(dict.fromkeys(int(r["re"]) for r in records))
-    fig, axes = new_figure(len(res), 2, size=(5.0, 4.0))
-    for row, re in enumerate(res):
-        ax_u, ax_v = axes[row]
+def _reference_record(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The stable FP64 run of ``records``, else the stable FP32 one, else None."""
+    for storage in ("FP64/FP64", "FP32/FP32"):
         for r in records:
-            if int(r["re"]) != re or not r["stable"]:
+            if r["storage"] == storage and r["stable"]:
+                return r
+    return None
+
+
+def build_cavity_figure(records: list[dict[str, Any]]) -> Any:
+    """Cavity centre lines per storage policy against Ghia et al., and their
+    difference to the FP64 (else FP32) run.
+
+    The profiles of every storage lie on top of each other at plotting scale, so a
+    second row shows ``|u - u_ref|`` and ``|v - v_ref|`` on a log axis, where the
+    formats separate; unstable runs are left out and named in the title.
+    """
+    res = list(dict.fromkeys(int(r["re"]) for r in records))
+    fig, axes = new_figure(2 * len(res), 2, size=(5.0, 3.6))
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    colour = dict(zip(labels, distinct_colours(len(labels)), strict=True))
+    for row, re in enumerate(res):
+        ax_u, ax_v = axes[2 * row]
+        dif_u, dif_v = axes[2 * row + 1]
+        runs = [r for r in records if int(r["re"]) == re]
+        reference = _reference_record(runs)
+        ref_lines = (
+            None
+            if reference is None
+            else centre_lines(reference["fields"]["u"], reference["summary"]["u_ref"])
+        )
+        for r in runs:
+            if not r["stable"]:
                 continue
             lines = centre_lines(r["fields"]["u"], r["summary"]["u_ref"])
-            ax_u.plot(lines["u"], lines["y"], label=r["label"], lw=1)
-            ax_v.plot(lines["x"], lines["v"], label=r["label"], lw=1)
+            style = {"color": colour[r["label"]], "lw": 1, "label": r["label"]}
+            ax_u.plot(lines["u"], lines["y"], **style)
+            ax_v.plot(lines["x"], lines["v"], **style)
+            if ref_lines is not None and r is not reference:
+                du = np.abs(lines["u"] - ref_lines["u"])
+                dv = np.abs(lines["v"] - ref_lines["v"])
+                dif_u.plot(np.where(du > 0, du, np.nan), lines["y"], **style)
+                dif_v.plot(lines["x"], np.where(dv > 0, dv, np.nan), **style)
         gy, gu = ghia("u", re)
         gx, gv = ghia("v", re)
         ax_u.plot(gu, gy, "ko", ms=3, label="Ghia et al. 1982")
-        ax_v.plot(gx, gv, "ko", ms=3, label="Ghia et al. 1982")
-        ax_u.set(xlabel="u / U_lid at x = 1/2", ylabel="y", title=f"Re = {re}")
-        ax_v.set(xlabel="x", ylabel="v / U_lid at y = 1/2", title=f"Re = {re}")
-        for ax in (ax_u, ax_v):
-            ax.grid(alpha=0.3)
-        ax_v.legend(fontsize="x-small", title=LABEL_KEY, title_fontsize="x-small")
-    return save_figure(fig, out / "cavity_centrelines.png")
+        ax_v.plot(gx, gv, "ko", ms=3)
+        unstable = [r["label"] for r in runs if not r["stable"]]
+        where = f"Re = {re}, {grid_words('cavity', runs)}" + (
+            f" (unstable, not drawn: {', '.join(unstable)})" if unstable else ""
+        )
+        ax_u.set(xlabel="u / U_lid at x = 1/2", ylabel="y / L", title=where)
+        ax_v.set(xlabel="x / L", ylabel="v / U_lid at y = 1/2", title=where)
+        ref_name = "none" if reference is None else reference["label"]
+        dif_u.set(xlabel=f"|u - u({ref_name})| / U_lid", ylabel="y / L")
+        dif_v.set(xlabel="x / L", ylabel=f"|v - v({ref_name})| / U_lid")
+        dif_u.set_xscale("log")
+        dif_v.set_yscale("log")
+        dif_u.set_title(f"difference to {ref_name}", fontsize="small")
+        dif_v.set_title(f"difference to {ref_name}", fontsize="small")
+        for ax in (ax_u, ax_v, dif_u, dif_v):
+            ax.grid(alpha=0.3, which="both")
+    fig.suptitle("Lid-driven cavity: centre-line velocities")
+    fig.legend(
+        *axes[0, 0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=6,
+        fontsize="x-small",
+        title=LABEL_KEY,
+        title_fontsize="x-small",
+    )
+    return fig
+
+
+def cavity_figure(
+    records: list[dict[str, Any]], out: Path, *, caption: str = ""
+) -> Path:
+    """Write :func:`build_cavity_figure` to ``out/cavity_centrelines.png``."""
+    return save_figure(
+        build_cavity_figure(records), out / "cavity_centrelines.png", caption=caption
+    )
 
 
 def build_cylinder_figure(
     records: list[dict[str, Any]], *, case: str = "cylinder"
 ) -> Any:
-    """Lift-coefficient signal and Strouhal number per storage policy.
+    """Lift-coefficient signal and Strouhal number per storage policy, and the
+    lift's difference to the FP64 (else FP32) run, where the signals coincide.
 
     The Strouhal numbers are points on an axis zoomed to them and the reference
     band, so a gap of a few percent stays visible; a run without a measurable
     shedding frequency is listed as "n/a".
     """
-    fig, axes = new_figure(1, 2, size=(6.0, 4.2))
-    ax_sig, ax_st = axes[0]
+    fig, axes = new_figure(1, 3, size=(4.6, 4.2))
+    ax_sig, ax_st, ax_dif = axes[0]
     colours = distinct_colours(len(records))
+    reference = _reference_record(records)
+    ref_cl = (reference or {}).get("history", {}).get("cl")
     for r, colour in zip(records, colours, strict=True):
         history = r.get("history", {})
         if r["stable"] and "cl" in history:
             t = np.asarray(history.get("t", np.arange(len(history["cl"]))))
             ax_sig.plot(t, history["cl"], lw=0.8, color=colour, label=r["label"])
+            if r is not reference and ref_cl is not None:
+                n = min(len(ref_cl), len(history["cl"]))
+                dif = np.abs(np.asarray(history["cl"][:n]) - np.asarray(ref_cl[:n]))
+                ax_dif.semilogy(
+                    t[:n], np.where(dif > 0, dif, np.nan), lw=0.8, color=colour
+                )
+    ref_name = "none" if reference is None else reference["label"]
+    ax_dif.set(
+        xlabel="time step",
+        ylabel=f"|c_l - c_l({ref_name})| (-)",
+        title=f"lift difference to {ref_name}",
+    )
+    ax_dif.grid(alpha=0.3, which="both")
     ax_sig.set(
         xlabel="time step",
         ylabel="lift coefficient c_l (-)",
-        title=f"{CASE_NAMES[case]}: lift",
+        title=f"{CASE_NAMES[case]}, {grid_words(case, records)}: lift",
     )
     ax_sig.grid(alpha=0.3)
     st = [metric(r, "strouhal") for r in records]
@@ -261,10 +372,16 @@ def build_cylinder_figure(
 
 
 def cylinder_figure(
-    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
+    records: list[dict[str, Any]],
+    out: Path,
+    *,
+    case: str = "cylinder",
+    caption: str = "",
 ) -> Path:
     """Write :func:`build_cylinder_figure` to ``out/<case>.png``."""
-    return save_figure(build_cylinder_figure(records, case=case), out / f"{case}.png")
+    return save_figure(
+        build_cylinder_figure(records, case=case), out / f"{case}.png", caption=caption
+    )
 
 
 def build_vorticity_figure(
@@ -296,16 +413,22 @@ def build_vorticity_figure(
     for ax in axes.flat[len(shown) :]:
         ax.set_visible(False)
     fig.colorbar(image, ax=axes, label=VORTICITY_LABEL, shrink=0.8)
-    fig.suptitle(f"{CASE_NAMES[case]}: final vorticity")
+    fig.suptitle(f"{CASE_NAMES[case]}, {grid_words(case, records)}: final vorticity")
     return fig
 
 
 def vorticity_figure(
-    records: list[dict[str, Any]], out: Path, *, case: str = "cylinder"
+    records: list[dict[str, Any]],
+    out: Path,
+    *,
+    case: str = "cylinder",
+    caption: str = "",
 ) -> Path:
     """Write :func:`build_vorticity_figure` to ``out/<case>_vorticity.png``."""
     return save_figure(
-        build_vorticity_figure(records, case=case), out / f"{case}_vorticity.png"
+        build_vorticity_figure(records, case=case),
+        out / f"{case}_vorticity.png",
+        caption=caption,
     )
 
 
@@ -355,7 +478,7 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
     ax_amp.set(
         xlabel="time step",
         ylabel="mode amplitude / U0 (-)",
-        title="Taylor-Green vortices: decay",
+        title=f"Taylor-Green vortices, {grid_words('taylor_green', records)}: decay",
     )
     ax_dev.set(
         xlabel="time step",
@@ -389,8 +512,12 @@ def build_taylor_green_figure(records: list[dict[str, Any]]) -> Any:
     return fig
 
 
-def taylor_green_figure(records: list[dict[str, Any]], out: Path) -> Path:
+def taylor_green_figure(
+    records: list[dict[str, Any]], out: Path, *, caption: str = ""
+) -> Path:
     """Write :func:`build_taylor_green_figure` to ``out/taylor_green_decay.png``."""
     return save_figure(
-        build_taylor_green_figure(records), out / "taylor_green_decay.png"
+        build_taylor_green_figure(records),
+        out / "taylor_green_decay.png",
+        caption=caption,
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 from experiments._report import (
     checks_section,
+    fmt,
     markdown_table,
     new_figure,
     save_figure,
@@ -20,51 +21,78 @@ def cells(row: dict[str, Any]) -> int:
     return row["n"] ** dims
 
 
-def figure(rows: list[dict[str, Any]], out_dir: Path) -> Path:
+def figure(rows: list[dict[str, Any]], out_dir: Path, *, caption: str = "") -> Path:
+    """Bar charts of the measured MLUPs, one panel per grid on a linear axis from
+    zero, with each storage's bandwidth roofline, and the fraction of the roofline
+    reached; storages keep one colour and the legend's order everywhere."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     grids = list(dict.fromkeys((r["lattice"], r["n"]) for r in rows))
     storages = list(dict.fromkeys(r["storage"] for r in rows))
-    fig, axes = new_figure(1, 2, size=(6.4, 4.4))
-    ax, ax_frac = axes[0]
+    colour = {s: f"C{j}" for j, s in enumerate(storages)}
+    fig, axes = new_figure(1, len(grids) + 1, size=(3.6, 4.2))
+    for i, grid in enumerate(grids):
+        ax = axes[0, i]
+        match = {r["storage"]: r for r in rows if (r["lattice"], r["n"]) == grid}
+        shown = [s for s in storages if s in match]
+        xs = range(len(shown))
+        ax.bar(
+            xs,
+            [match[s]["mlups"] for s in shown],
+            0.7,
+            color=[colour[s] for s in shown],
+        )
+        ax.hlines(
+            [match[s]["roofline_mlups"] for s in shown],
+            [x - 0.35 for x in xs],
+            [x + 0.35 for x in xs],
+            colors="k",
+            lw=1.5,
+        )
+        ax.set_xticks(list(xs), shown, rotation=45, ha="right", fontsize="x-small")
+        ax.set_ylim(bottom=0)
+        ax.grid(axis="y", alpha=0.3)
+        lattice, n = grid
+        ax.set_title(f"{lattice}, {_grid_text(lattice, n)} cells", fontsize="small")
+        ax.set_ylabel("million lattice updates per second (median)")
+    ax_frac = axes[0, -1]
     width = 0.8 / len(storages)
     for j, storage in enumerate(storages):
-        xs, ys, fr, roof = [], [], [], []
+        xs, fr = [], []
         for i, grid in enumerate(grids):
-            match = [r for r in rows if (r["lattice"], r["n"]) == grid]
-            match = [r for r in match if r["storage"] == storage]
+            match = [
+                r
+                for r in rows
+                if (r["lattice"], r["n"]) == grid and r["storage"] == storage
+            ]
             if match:
                 xs.append(i + (j - (len(storages) - 1) / 2) * width)
-                ys.append(match[0]["mlups"])
                 fr.append(match[0]["roofline_fraction"])
-                roof.append(match[0]["roofline_mlups"])
-        ax.bar(xs, ys, width, label=storage)
-        ax.hlines(
-            roof,
-            [x - width / 2 for x in xs],
-            [x + width / 2 for x in xs],
-            colors="k",
-            lw=1.2,
-            label="bandwidth roofline" if j == 0 else None,
-        )
-        ax_frac.bar(xs, fr, width, label=storage)
-    labels = [f"{lat}\n{n}^{2 if lat.startswith('D2') else 3}" for lat, n in grids]
-    for a in (ax, ax_frac):
-        a.set_xticks(range(len(grids)), labels)
-        a.grid(axis="y", alpha=0.3)
-    ax.set_yscale("log")
-    ax.set_ylabel("million lattice updates per second (median)")
-    ax.set_title("Lattice updates per second")
-    fig.legend(
-        *ax.get_legend_handles_labels(),
-        loc="outside lower center",
-        ncol=min(len(storages) + 1, 5),
-        fontsize="small",
-        title="black ticks: bandwidth roofline (the limit for this storage)",
-        title_fontsize="small",
+        ax_frac.bar(xs, fr, width, color=colour[storage])
+    ax_frac.set_xticks(
+        range(len(grids)), [f"{lat}\n{_grid_text(lat, n)}" for lat, n in grids]
     )
-    ax_frac.axhline(1.0, color="k", lw=0.8, ls="--", label="roofline")
+    ax_frac.set_ylim(bottom=0)
+    ax_frac.grid(axis="y", alpha=0.3)
+    ax_frac.axhline(1.0, color="k", lw=0.8, ls="--")
     ax_frac.set_ylabel("fraction of bandwidth roofline")
-    ax_frac.set_title("Measured / (bandwidth / bytes per cell)")
-    return save_figure(fig, out_dir / "mlups.png")
+    ax_frac.set_title("measured / (bandwidth / bytes per cell)", fontsize="small")
+    handles = [Patch(color=colour[s], label=s) for s in storages]
+    handles.append(Line2D([], [], color="k", lw=1.5, label="bandwidth roofline"))
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 6),
+        fontsize="small",
+    )
+    fig.suptitle("Lattice updates per second per storage")
+    return save_figure(fig, out_dir / "mlups.png", caption=caption)
+
+
+def _grid_text(lattice: str, n: int) -> str:
+    """``2048^2`` or ``128^3``."""
+    return f"{n}^{lattice[1]}"
 
 
 def write_report(
@@ -75,7 +103,7 @@ def write_report(
     checks: dict[str, bool],
     env: dict[str, Any],
     fluidx3d: list[list[Any]],
-    load: tuple[float, float],
+    other_cores: float | None,
     targets: str,
     scaling: str = "",
     memory: str = "",
@@ -108,9 +136,10 @@ def write_report(
         *_memory_section(memory),
         "![MLUPs](mlups.png)",
         "",
-        f"Load average (1 min) before / after the sweep: {load[0]:.2f} / "
-        f"{load[1]:.2f} on {env['cpu_count']} logical CPUs; a busy machine slows "
-        "every row, so compare the ratios, measured side by side in this run.",
+        f"Cores kept busy by other processes during the sweep: "
+        f"{fmt(other_cores, '.2f')} of {env['cpu_count']} (from /proc/stat); a busy "
+        "machine slows every row, so compare the ratios, measured side by side in "
+        "this run.",
         "",
         "Notes: small grids fit in the caches, so their roofline fraction can exceed "
         "1; on a CPU, XLA upcasts 16-bit data and the 1-4-11 FP16C codec is "

@@ -147,7 +147,9 @@ def step_table(results: dict[str, Any]) -> str:
     )
 
 
-def step_figure(results: dict[str, Any], out_dir: Path) -> Path:
+def step_figure(results: dict[str, Any], out_dir: Path, *, caption: str = "") -> Path:
+    """Median step time (with every sample) and XLA's temporary buffers per
+    variant of the train step."""
     fig, axes = new_figure(1, 2, size=(5.0, 3.6))
     names = [r["variant"] for r in results["rows"]]
     x = np.arange(len(names))
@@ -162,7 +164,12 @@ def step_figure(results: dict[str, Any], out_dir: Path) -> Path:
     axes[0, 1].set_ylabel("XLA temp buffers [MiB]")
     for ax in axes[0]:
         ax.set_xticks(x, names, rotation=30, ha="right")
-    return save_figure(fig, out_dir / "step_time.png")
+    s = results["settings"]
+    fig.suptitle(
+        f"Train step of an MLP, {s['layers']} dense {s['width']} x {s['width']} "
+        f"layers, batch {s['batch']}"
+    )
+    return save_figure(fig, out_dir / "step_time.png", caption=caption)
 
 
 def write_report(

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from experiments import _framework
-from experiments._framework import PipelineOutcome
+from experiments._outcome import PipelineOutcome
 
 __all__ = ["OUT_ENV_VAR", "FULL_ENV_VAR", "run_for_notebook", "show_outcome"]
 

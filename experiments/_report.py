@@ -7,8 +7,11 @@ unchanged in notebooks, in tests and on headless machines.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,9 +19,17 @@ from typing import Any, TypeVar
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from experiments._framework import UNRESOLVED
+from experiments._outcome import UNRESOLVED
 
-__all__ = ["fmt", "markdown_table", "new_figure", "progress", "save_figure"]
+__all__ = [
+    "elapsed_bar",
+    "fmt",
+    "markdown_table",
+    "new_figure",
+    "progress",
+    "run_caption",
+    "save_figure",
+]
 
 T = TypeVar("T")
 
@@ -123,6 +134,51 @@ def progress(
     )
 
 
+@contextlib.contextmanager
+def elapsed_bar(
+    desc: str, expected_s: float | None, *, tick_s: float = 0.5
+) -> Iterator[tqdm]:
+    """A tqdm bar on stderr that fills with wall time against ``expected_s``.
+
+    A background thread advances it every ``tick_s`` seconds while the body runs;
+    past the expected time the bar stays full and the elapsed time keeps counting.
+    Like :func:`progress`, it is hidden when stderr is not a terminal.
+
+    >>> with elapsed_bar("demo", 1.0, tick_s=0.01) as bar:
+    ...     pass
+    >>> bar.total
+    1.0
+    """
+    bar = tqdm(
+        total=expected_s,
+        desc=desc,
+        file=sys.stderr,
+        disable=None,
+        leave=False,
+        dynamic_ncols=True,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of ~{total:.0f} s"
+        if expected_s
+        else "{desc}: {elapsed}",
+    )
+    done = threading.Event()
+    start = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(tick_s):
+            elapsed = time.monotonic() - start
+            bar.n = min(elapsed, expected_s) if expected_s else elapsed
+            bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield bar
+    finally:
+        done.set()
+        thread.join()
+        bar.close()
+
+
 def new_figure(
     nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (6.4, 4.2)
 ) -> tuple[Figure, Any]:
@@ -136,7 +192,35 @@ def new_figure(
     return fig, axes
 
 
-def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
-    """Save ``fig`` as PNG at ``path`` and return the path."""
+def run_caption(env: Mapping[str, Any]) -> str:
+    """Where and at what scale a result was produced, for figure titles.
+
+    Args:
+        env: a :func:`experiments._framework.capture_environment` dict.
+
+    >>> run_caption({"scale": "quick", "backend": "cpu", "cpu_model": "AMD EPYC",
+    ...              "cpu_count": 2, "device_kind": "cpu"})
+    'quick scale, CPU: AMD EPYC (2 logical CPUs)'
+    """
+    if env.get("backend") == "cpu":
+        model, count = env.get("cpu_model", "unknown"), env.get("cpu_count")
+        machine = f"CPU: {model} ({count} logical CPUs)"
+    else:
+        machine = f"{str(env.get('backend')).upper()}: {env.get('device_kind')}"
+    return f"{env.get('scale')} scale, {machine}"
+
+
+def save_figure(fig: Figure, path: Path, *, caption: str = "", dpi: int = 110) -> Path:
+    """Save ``fig`` as PNG at ``path`` and return the path.
+
+    A ``caption`` (usually :func:`run_caption`) goes under the figure's own
+    title, or becomes the title of a figure without one.
+    """
+    if caption:
+        title = fig.get_suptitle()
+        fig.suptitle(
+            f"{title}\n{caption}" if title else caption,
+            fontsize="medium" if title else "small",
+        )
     fig.savefig(path, dpi=dpi)
     return path

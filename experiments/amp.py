@@ -25,6 +25,9 @@ loss-scale trajectory, and compares each mixed run with float32 within the task'
 stated tolerances. It also measures the gradient underflow that loss scaling fixes:
 the share of gradient entries that are non-zero in float32 but flush to zero in
 float16 with a loss scale of 1, and with the dynamic scale the float16 run ended on.
+
+The quick scale (the main job) trains the MLP and the encoder; the standard and
+full scales train all three networks.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ from experiments._amp_train import (
     time_side_by_side,
     train,
 )
-from experiments._framework import resolve_scale, write_json
-from experiments._report import fmt, markdown_table
+from experiments._framework import capture_environment, resolve_scale, write_json
+from experiments._report import fmt, markdown_table, run_caption
 
 __all__ = [
     "POLICIES",
@@ -148,7 +151,9 @@ def _record_json(rec: RunRecord, task: Task, ok: bool) -> dict:
     }
 
 
-def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
+def run(
+    out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
+) -> dict:
     """Runs the AMP pipeline and writes results.json, figures and REPORT.md.
 
     Args:
@@ -156,12 +161,13 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
         quick: CPU-sized settings (``MPJAX_EXPERIMENTS_SCALE=tiny`` shrinks them
             further for tests); ``False`` selects GPU-sized models and step counts.
         seed: seed of data splits, batch order, masks and initial parameters.
+        scale: override the scale; see :func:`experiments._framework.resolve_scale`.
 
     Returns:
         ``{"table": markdown, "checks": {name: bool}, "scale": str}``.
     """
     out_dir = Path(out_dir)
-    scale = resolve_scale(quick)
+    scale = resolve_scale(quick, scale)
     tasks = make_tasks(scale, seed=seed)
     records: dict[str, dict[str, RunRecord]] = {}
     underflow: dict[str, dict[float, float]] = {}
@@ -221,7 +227,8 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
             for n, u in underflow.items()
         ],
     )
-    figure_names = _amp_report.figures(out_dir, records)
+    env = capture_environment(seed=seed, scale=scale)
+    figure_names = _amp_report.figures(out_dir, records, caption=run_caption(env))
     write_json(out_dir / "results.json", {"scale": scale, "seed": seed, **results})
     report = _amp_report.report_text(
         scale=scale,

@@ -19,15 +19,19 @@ Studies and their figures:
   versus channel width for a few policies (``poiseuille_width.png``);
 * Taylor-Green vortex: velocity error and error of the viscous decay rate;
 * lid-driven cavity against Ghia et al. (1982): centre-line profiles
-  (``cavity_centrelines.png``), Re 100 in quick mode, Re 100/400/1000 in full mode;
+  with their difference to FP64 (``cavity_centrelines.png``), Re 100 at the CPU
+  scales, Re 100/400/1000 in full mode;
 * Karman vortex street (confined cylinder, Schaefer & Turek 2D-2): lift signal,
   Strouhal number, maximum drag and lift coefficients; the unconfined cylinder at
   Re 100 (Strouhal number, mean drag, lift amplitude); the final vorticity of every
   run with the cylinder drawn (``<case>_vorticity.png``).
 
-Scale ``quick`` runs every policy for Poiseuille and Taylor-Green on small grids, the
-cavity at Re 100 on a coarse grid for FP64/FP32/FP16/FP16S/FP16C, and the cylinder for
-FP32/FP16S/FP16C (diameter 10 cells), the unconfined cylinder for FP32/FP16S;
+Scale ``quick`` (the main job) runs FP64, FP32, FP16 unshifted and FP16S for
+Poiseuille, Taylor-Green and the cavity at Re 100 on small grids, FP32 over three
+channel widths, and the cylinder for FP32/FP16S (diameter 10 cells). Scale
+``standard`` runs every policy for Poiseuille and Taylor-Green on the same grids, the
+cavity for FP64/FP32/FP16/FP16S/FP16C, and the cylinder for FP32/FP16S/FP16C, the
+unconfined cylinder for FP32/FP16S;
 ``full`` runs paper-like sizes and every policy everywhere except the unconfined
 cylinder (FP64, FP32, FP16 unshifted, FP16S, FP16C). ``tiny`` (tests) runs no
 cylinder.
@@ -69,6 +73,7 @@ from experiments._accuracy_runs import (
     storage_label,
     sweep,
 )
+from experiments._report import run_caption
 
 __all__ = [
     "RUNS_ALL",
@@ -127,7 +132,7 @@ def run(
     )
     tables = study_tables(studies)
     table = "\n\n".join(f"**{name}**\n\n{t}" for name, t in tables.items())
-    figures = study_figures(studies, out_dir)
+    figures = study_figures(studies, out_dir, caption=run_caption(env))
     records = {name: strip_fields(study) for name, study in studies.items()}
     _framework.write_json(
         out_dir / "results.json",

@@ -15,8 +15,10 @@ membrane forces, spreading and interpolation) against the fluid step with a
 force field, side by side in one run (medians of interleaved rounds), at r = 5
 in a 50^3 shear cell.
 
-Scales: ``quick`` (r = 4 in a 20 x 20 x 32 box at Re = 0.05, on a 2-core CPU in
-about three minutes), ``full`` (the benchmark's r = 5, H = 10 r, Re = 0.02, for
+Scales: ``quick`` (r = 4 in a 20 x 20 x 32 box at Re = 0.05, FP64, FP32 and FP16S,
+three benchmark rounds: the main job's share), ``standard`` (the same box for FP64,
+FP32 and every 16-bit format, seven rounds: on a 2-core CPU in under two minutes),
+``full`` (the benchmark's r = 5, H = 10 r, Re = 0.02, for
 Ca = 0.01, 0.03 and 0.1, and the radius-convergence study of
 :mod:`experiments._capsule_convergence`: FP32, r = 4, 6, 8, 12, Skalak and
 neo-Hookean, Ca = 0.01, 0.03, 0.05, whose errors against theory must fall with r
@@ -52,12 +54,12 @@ from experiments._capsule_convergence import (
     convergence_table,
     run_convergence,
 )
+from experiments._capsule_figures import deformation_figure
 from experiments._report import (
     checks_section,
     fmt,
     markdown_table,
-    new_figure,
-    save_figure,
+    run_caption,
 )
 from experiments.lbm_accuracy import SIXTEEN_BIT, storage_label, sweep
 from lbm_jax.cases.capsule import DEFAULT_RADIUS
@@ -115,7 +117,10 @@ _SETTINGS = {
         ),
     ),
     # the radius study needs r >= 8 (hours on a 2-core CPU): only at full scale
-    "quick": Settings(4.0, 32, 20, 0.05, (0.03,), 6.0, RUNS, 0.15, 7),
+    "quick": Settings(
+        4.0, 32, 20, 0.05, (0.03,), 6.0, (*RUNS[:2], ("fp16s", True)), 0.15, 3
+    ),
+    "standard": Settings(4.0, 32, 20, 0.05, (0.03,), 6.0, RUNS, 0.15, 7),
     "full": Settings(
         5.0,
         50,
@@ -141,7 +146,7 @@ IBM_OVERHEAD_TARGET = 0.20
 
 
 def settings_for(scale: str) -> Settings:
-    """The settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
+    """The settings of ``scale`` (one of :data:`experiments._framework.SCALES`)."""
     return _framework.settings_for(_SETTINGS, scale)
 
 
@@ -214,37 +219,6 @@ def _deviation(record: dict[str, Any], reference: dict[str, Any] | None) -> floa
     )
 
 
-def _figure(studies: dict[float, list[dict[str, Any]]], out: Path) -> Path:
-    fig, axes = new_figure(2, len(studies), size=(6.0, 4.0))
-    colours = [f"C{i}" for i in range(len(RUNS))]
-    for col, (ca, records) in enumerate(studies.items()):
-        top, bottom = axes[0, col], axes[1, col]
-        ref = next((r for r in records if r["storage"] == "FP64/FP64"), None)
-        for i, r in enumerate(records):
-            if not r["stable"] or "history" not in r:
-                continue
-            h = r["history"]
-            top.plot(h["t"], h["D"], color=colours[i], label=r["label"])
-            if ref is not None and r is not ref:
-                diff = np.abs(h["D"] - ref["history"]["D"])
-                bottom.semilogy(
-                    h["t"], np.maximum(diff, 1e-12), color=colours[i], label=r["label"]
-                )
-        theory = records[0]["summary"].get("deformation_theory")
-        if theory is not None:
-            top.axhline(theory, color="black", linestyle=":", label="theory, D_inf")
-        top.set_title(f"Taylor deformation, Ca = {ca:g}")
-        top.set_xlabel("time step")
-        top.set_ylabel("D = (L - B)/(L + B)")
-        top.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        bottom.set_title(f"deviation from FP64/FP64, Ca = {ca:g}")
-        bottom.set_xlabel("time step")
-        bottom.set_ylabel("|D - D(FP64)| (floored at 1e-12)")
-        if bottom.get_legend_handles_labels()[0]:
-            bottom.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return save_figure(fig, out / "deformation.png")
-
-
 def run(
     out_dir: Path,
     *,
@@ -281,7 +255,11 @@ def run(
         bench = bench_ibm(rounds=st.bench_rounds)
     table, findings = _compare_with_fp64(studies)
     checks = evaluate_checks(studies, st, bench)
-    figure = _figure(studies, out_dir)
+    title = (
+        f"Capsule in shear flow, r = {st.radius:g} cells in a {st.width} x "
+        f"{st.width} x {st.height} box, Re = {st.re:g}"
+    )
+    figure = deformation_figure(studies, out_dir, title=title, caption=run_caption(env))
     figures = [figure]
     if conv is not None:
         checks.update(convergence_checks(conv, st.convergence))

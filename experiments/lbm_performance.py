@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import lbm_jax
-from experiments import _framework
+from experiments import _framework, _timing
 from experiments._lbm_gpu_targets import gpu_checks, gpu_table
 from experiments._lbm_memory import (
     MemorySweep,
@@ -57,9 +56,11 @@ from experiments._lbm_scaling import (
     scaling_table,
     scaling_unresolved,
 )
+from experiments._outcome import UNRESOLVED
 from experiments._report import (
     markdown_table,
     progress,
+    run_caption,
 )
 from experiments._stats import spread_verdict
 
@@ -222,7 +223,27 @@ _SETTINGS = {
             n=32, operations=("init", "velocity"), storages=("fp16s",), whole_run_n=None
         ),
     ),
+    # the main job: the stated ratios on the same grids with half the updates per
+    # repeat, a smaller scaling box and the per-operation memory sweep only (the
+    # whole-run comparison at 256^3 is the standard scale's)
     "quick": Settings(
+        grids=(("D2Q9", 2048), ("D3Q19", 128)),
+        storages=("fp64", "fp32", "fp16s", "fp16c", "bf16"),
+        updates=2e6,
+        repeats=3,
+        rounds=3,
+        targets=RATIO_TARGETS,
+        scaling=Scaling(
+            n=96, devices=(1, 2), updates=2e6, repeats=2, rounds=2, min_speedup=1.0
+        ),
+        memory=MemorySweep(
+            n=64,
+            operations=("simulation", "init", "advance", "velocity"),
+            storages=("fp16s",),
+            whole_run_n=None,
+        ),
+    ),
+    "standard": Settings(
         grids=(("D2Q9", 2048), ("D3Q19", 128)),
         storages=("fp64", "fp32", "fp16s", "fp16c", "bf16"),
         updates=4e6,
@@ -251,7 +272,7 @@ _SETTINGS = {
 
 
 def settings_for(scale: str) -> Settings:
-    """Return the sweep settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
+    """Return the sweep settings of ``scale`` (one of ``_framework.SCALES``)."""
     return _framework.settings_for(_SETTINGS, scale)
 
 
@@ -368,7 +389,7 @@ def unresolved_targets(
     rows: list[dict[str, Any]], targets: tuple[RatioTarget, ...]
 ) -> dict[str, str]:
     """The failed targets whose per-round spread straddles the bound: name ->
-    the spread (the machine's load, not the code, decided them)."""
+    the spread (the measurement cannot decide them)."""
     judged = {t.name: t.judge(_target_row(rows, t)) for t in targets}
     return {name: spread for name, (_, spread) in judged.items() if spread}
 
@@ -395,7 +416,7 @@ def target_table(rows: list[dict[str, Any]], targets: tuple[RatioTarget, ...]) -
                 t.name,
                 "missing" if ratio is None else ratio,
                 ", ".join(f"{x:.2f}" for x in row.get("vs_fp32_rounds") or []) or "-",
-                "pass" if met else _framework.UNRESOLVED if spread else "FAIL",
+                "pass" if met else UNRESOLVED if spread else "FAIL",
             ]
         )
     return markdown_table(
@@ -465,11 +486,11 @@ def run(
     settings = settings_for(scale)
     out_dir = Path(out_dir)
     env = _framework.capture_environment(seed=seed, scale=scale)
-    load_before = os.getloadavg()[0]
+    since = _timing.cpu_sample()
     rows, bandwidths = _measure(settings)
     scaling_rows = [] if settings.scaling is None else measure_scaling(settings.scaling)
     memory = None if settings.memory is None else measure_memory(settings.memory)
-    load = (load_before, os.getloadavg()[0])
+    other_cores = _timing.load_besides(since)
     bandwidth = statistics.median(bandwidths)
     analyse_rows(rows, bandwidth)
     checks = evaluate_checks(rows, bandwidths, settings.targets)
@@ -480,6 +501,7 @@ def run(
         checks |= scaling_checks(scaling_rows, settings.scaling)
         unresolved |= scaling_unresolved(scaling_rows, settings.scaling)
         scaling = scaling_table(scaling_rows)
+    unresolved = _timing.with_load_reason(unresolved, since)
     memory_text = ""
     if memory is not None:
         checks |= memory_checks(memory, settings.memory)
@@ -492,7 +514,7 @@ def run(
         )
     table = _rows_table(rows)
     fluidx3d = fluidx3d_rows(rows) if env["backend"] == "gpu" else []
-    figure(rows, out_dir)
+    figure(rows, out_dir, caption=run_caption(env))
     _framework.write_json(
         out_dir / "results.json",
         {
@@ -500,7 +522,7 @@ def run(
             "settings": dataclasses.asdict(settings),
             "bandwidth_gbs": bandwidth,
             "bandwidth_samples_gbs": bandwidths,
-            "load_average_before_after": load,
+            "cores_busy_besides_run": other_cores,
             "rows": rows,
             "scaling_rows": scaling_rows,
             "memory": memory,
@@ -520,7 +542,7 @@ def run(
         checks,
         env,
         fluidx3d,
-        load,
+        other_cores,
         targets,
         scaling,
         memory_text,

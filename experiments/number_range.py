@@ -26,7 +26,8 @@ subnormals (or flush them), FP16S at least ten times fewer; and the median
 exponent of the 2-D validation cases is the one the tailored posit ``posit16s`` is
 scaled to.
 
-Scales: ``tiny`` (tests), ``quick`` (a 2-core CPU, about a minute), ``full``
+Scales: ``tiny`` (tests), ``quick`` (a 2-core CPU, half a minute: the ``standard``
+runs at half their steps, 6 samples each), ``standard`` (about a minute), ``full``
 (larger grids and longer runs). Outputs: ``results.json``, ``profiles/<case>.json``
 (the `ProfileReport` of each case, reloadable with
 ``mpjax.ProfileReport.from_json``), the figures and ``REPORT.md``.
@@ -50,6 +51,7 @@ from experiments._report import (
     fmt,
     markdown_table,
     new_figure,
+    run_caption,
     save_figure,
 )
 from experiments.formats import SIXTEEN_BIT_FORMATS, rounding_error
@@ -114,6 +116,17 @@ _SETTINGS = {
     ),
     "quick": Settings(
         (
+            CaseRun("poiseuille", {"n": 16}, 1500),
+            CaseRun("taylor_green", {"n": 32}, 250),
+            CaseRun("cavity", {"n": 32}, 1500),
+            CaseRun("cylinder", {"n": 8}, 1600),
+            CaseRun("capsule", {"n": 24, "radius": 4.0, "width": 20}, 300),
+            CaseRun("raindrop", {"n": 8, "duration": 0.75}),
+        ),
+        samples=6,
+    ),
+    "standard": Settings(
+        (
             CaseRun("poiseuille", {"n": 16}, 3000),
             CaseRun("taylor_green", {"n": 32}, 500),
             CaseRun("cavity", {"n": 32}, 3000),
@@ -138,7 +151,7 @@ _SETTINGS = {
 
 
 def settings_for(scale: str) -> Settings:
-    """The settings of ``scale`` (``"tiny"``, ``"quick"``, ``"full"``)."""
+    """The settings of ``scale`` (one of :data:`experiments._framework.SCALES`)."""
     return _framework.settings_for(_SETTINGS, scale)
 
 
@@ -344,8 +357,22 @@ def _table(summaries: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def _options_words(spec: CaseRun) -> str:
+    """A case's grid options and steps in words, for figure titles.
+
+    >>> _options_words(CaseRun("cavity", {"n": 32}, 1500))
+    'n = 32, 1500 steps'
+    """
+    words = [f"{k} = {v:g}" for k, v in spec.options.items()]
+    words += [f"{spec.steps} steps"] if spec.steps is not None else []
+    return ", ".join(words) or "the case's defaults"
+
+
 def _range_figure(
-    summaries: dict[str, dict[str, Any]], precision: dict[str, Any], path: Path
+    summaries: dict[str, dict[str, Any]],
+    precision: dict[str, Any],
+    path: Path,
+    caption: str,
 ) -> Path:
     """Per case: population histograms against each format's precision."""
     cases = list(summaries)
@@ -386,16 +413,19 @@ def _range_figure(
         "Stored LBM populations (FP32 runs, all samples) against the precision of "
         "each 16-bit format"
     )
-    return save_figure(fig, path)
+    return save_figure(fig, path, caption=caption)
 
 
-def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict[str, Any]:
+def run(
+    out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
+) -> dict[str, Any]:
     """Run the study into ``out_dir``; returns the table and the checks."""
-    scale = _framework.resolve_scale(quick)
+    scale = _framework.resolve_scale(quick, scale)
     st = settings_for(scale)
     probe = RangeProbe(formats=SIXTEEN_BIT_FORMATS, bins=_BINS)
     (out_dir / "profiles").mkdir()
     summaries: dict[str, dict[str, Any]] = {}
+    caption = run_caption(_framework.capture_environment(seed=seed, scale=scale))
     figures = []
     for spec in st.cases:
         report = measure(spec, probe, st.samples)
@@ -404,14 +434,16 @@ def run(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict[str, Any]:
         labels = tuple(f"{r.source}, {r.location}" for r in report.records)
         fig = report.figure(
             ("float16", "fp16s", "fp16c", "posit16s"),
-            title=f"{spec.case.replace('_', ' ')}: stored populations over time "
-            "(FP32, DDF-shifted run)",
+            title=f"{spec.case.replace('_', ' ')} ({_options_words(spec)}): stored "
+            "populations over time (FP32, DDF-shifted run)",
             row_labels=labels,
             row_axis="populations and time step of the sample",
         )
-        figures.append(save_figure(fig, out_dir / f"range_{spec.case}.png"))
+        path = out_dir / f"range_{spec.case}.png"
+        figures.append(save_figure(fig, path, caption=caption))
     precision = rounding_error(2**16, seed, binades=(-40, 4))
-    figures.insert(0, _range_figure(summaries, precision, out_dir / "number_range.png"))
+    path = out_dir / "number_range.png"
+    figures.insert(0, _range_figure(summaries, precision, path, caption))
     checks = evaluate_checks(summaries, tuple(s.case for s in st.cases))
     table = _table(summaries)
     env = _framework.capture_environment(seed=seed, scale=scale)

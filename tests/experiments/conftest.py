@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from experiments import _framework, _notebook
+from experiments import _framework, _notebook, _outcome
 
 NOTEBOOKS = Path(_framework.__file__).resolve().parent / "notebooks"
 
@@ -23,9 +23,9 @@ class NotebookRuns:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._done: dict[str, _framework.PipelineOutcome] = {}
+        self._done: dict[str, _outcome.PipelineOutcome] = {}
 
-    def __call__(self, name: str) -> _framework.PipelineOutcome:
+    def __call__(self, name: str) -> _outcome.PipelineOutcome:
         if name not in self._done:
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv(_framework.SCALE_ENV_VAR, "tiny")

@@ -213,3 +213,14 @@ def test_equinox_archetype_trains_under_every_policy_within_tolerance(equinox_ta
     )
     assert set(underflow) == {1.0, 2.0**15}
     assert all(0.0 <= v <= 1.0 for v in underflow.values())
+
+
+def test_quick_scale_trains_the_mlp_and_the_encoder_and_the_others_all_four():
+    quick = amp.make_tasks("quick")
+    assert list(quick) == ["mlp", "bert"]
+    every = ("mlp", "eqx_mlp", "unet", "bert")
+    for scale in ("tiny", "standard", "full"):
+        assert _amp_tasks.SETTINGS[scale].networks == every
+    # the encoder is the same network with or without the U-Net built beside it
+    tiny = amp.make_tasks("tiny")
+    assert list(tiny) == list(every)

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import _framework
+from experiments import _framework, _timing
 from experiments.__main__ import main
+from experiments._report import new_figure, save_figure
 
 
 def _good(out_dir: Path, *, quick: bool = True, seed: int = 0) -> dict:
@@ -168,19 +169,17 @@ def test_unresolved_timing_checks_do_not_fail_a_run_but_a_real_miss_does(
         "timing": lambda out_dir, **kw: {**_slow_timing(out_dir), "checks": fixed},
         "broken": _slow_timing,  # the same, plus a failed accuracy check
     }
-    monkeypatch.setitem(_framework.QUICK_BUDGET_S, "timing", 0.0)  # overrun it
+    monkeypatch.setitem(_timing.EXPECTED_S["quick"], "timing", 0.0)  # overrun it
     status = main(
         ["reproduce", "--out", str(tmp_path), "--only", "timing"], pipelines=registry
     )
     assert status == 0
     out = capsys.readouterr().out
-    assert (
-        "speedup >= 1: unresolved (machine load), median 0.94, spread 0.9-1.05" in out
-    )
-    assert "timing: over budget" in out
+    assert "speedup >= 1: unresolved, median 0.94, spread 0.9-1.05" in out
+    assert "timing: over budget" in out and "(quick scale, expected ~0 s)" in out
     report = (tmp_path / "REPORT.md").read_text()
     assert "| timing | pass (1 unresolved) | 1/2 |" in report
-    assert "- timing: speedup >= 1: unresolved (machine load)" in report
+    assert "- timing: speedup >= 1: unresolved, median 0.94" in report
     assert "- timing: over budget" in report and "| 0 (over) |" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["passed"] and summary["pipelines"]["timing"]["over_budget"]
@@ -239,6 +238,31 @@ def test_main_refuses_an_out_that_is_a_file_before_running(target, tmp_path, cap
         err = capsys.readouterr().err
         assert message in err and "usage: python -m experiments" in err
     assert blocker.read_text() == "keep"
+
+
+def _scaled(out_dir: Path, *, quick: bool = True, seed: int = 0, scale=None) -> dict:
+    (out_dir / "REPORT.md").write_text(f"# scaled\n\nscale {scale}\n\n![f](f.png)\n")
+    fig, ax = new_figure()
+    ax[0, 0].plot([0, 1], [1, 0])
+    save_figure(fig, out_dir / "f.png")
+    save_figure(fig, out_dir / "unlisted.png")
+    return {"table": "| a |", "checks": {"ok": scale == "standard" and quick}}
+
+
+def test_main_standard_scale_reaches_the_pipeline_and_the_page(tmp_path, capsys):
+    registry = {"scaled": _scaled}
+    argv = ["reproduce", "--standard", "--out", str(tmp_path)]
+    assert main(argv, pipelines=registry) == 0
+    out = capsys.readouterr().out
+    assert "## scaled  (standard scale, no estimate)" in out
+    assert str(tmp_path / "index.html") in out and "REPORT.md" in out
+    env = json.loads((tmp_path / "scaled" / "environment.json").read_text())
+    assert env["scale"] == "standard" and env["quick"] is True
+    page = (tmp_path / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == 2  # the listed and the other
+    assert 'href="#scaled"' in page and "scale standard" in page
+    assert "<td>pass</td>" in page
+    assert main(["reproduce", "--out", str(tmp_path)], pipelines=registry) == 1
 
 
 def test_main_list(capsys):

@@ -267,3 +267,58 @@ def test_cylinder_vorticity_figure_one_scale_cylinder_in_every_panel():
     assert len({ax.images[0].get_clim() for ax in panels}) == 1, "one colour scale"
     assert _units_in_colour_bar(fig)
     assert "Karman" in fig.get_suptitle()
+
+
+def test_error_figure_legend_lists_unstable_only_when_a_run_was():
+    records = _records(l2_error=1e-3)
+    studies = {"poiseuille": records, "taylor_green": records}
+    keys = {"poiseuille": "l2_error", "taylor_green": "l2_error"}
+    labels = [
+        t.get_text()
+        for t in _lbm_figures.build_error_figure(studies, keys).legends[0].get_texts()
+    ]
+    assert labels == ["DDF-shifted", "unshifted", "unstable"]
+    stable = [{**r, "stable": True} for r in records if r["shift"]]
+    fig = _lbm_figures.build_error_figure(
+        {"poiseuille": stable, "taylor_green": stable}, keys
+    )
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["DDF-shifted"]
+
+
+def _cavity_records(n=16):
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(2, n, n)) * 0.01
+    out = []
+    for i, (storage, shift) in enumerate(
+        (("fp64", True), ("fp32", True), ("fp16", False), ("fp16s", True))
+    ):
+        u = base + 10.0 ** -(9 - 2 * i) * (i > 0)
+        out.append(
+            {
+                "label": storage_label(storage, shift),
+                "storage": get_storage(storage).name,
+                "shift": shift,
+                "stable": True,
+                "re": 100,
+                "n": n,
+                "summary": {"u_ref": 0.1},
+                "fields": {"u": u},
+            }
+        )
+    return out
+
+
+def test_cavity_figure_shows_the_difference_to_fp64_where_the_profiles_coincide():
+    records = _cavity_records()
+    records.append({**records[-1], "label": "X", "stable": False, "fields": None})
+    fig = _lbm_figures.build_cavity_figure(records)
+    ax_u, ax_v, dif_u, dif_v = fig.axes[:4]
+    assert "16 x 16 cells" in ax_u.get_title() and "Re = 100" in ax_u.get_title()
+    assert "unstable, not drawn: X" in ax_u.get_title()
+    assert dif_u.get_xscale() == "log" and dif_v.get_yscale() == "log"
+    assert "FP64" in dif_u.get_xlabel()
+    # one difference curve per run besides the reference, each a different colour
+    assert len(dif_u.lines) == len(dif_v.lines) == 3
+    assert len({line.get_color() for line in dif_u.lines}) == 3
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == [r["label"] for r in records[:4]] + ["Ghia et al. 1982"]

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from experiments import _stats
+from experiments import _stats, _timing
 from experiments import mixed_precision_bench as mpb
 
 
@@ -98,13 +98,23 @@ def test_an_unresolved_overhead_is_reported_to_the_main_job_as_unresolved(
 ):
     results = _with_overhead(tiny_results, 0.97, 1.00, 1.08)
     monkeypatch.setattr(mpb, "measure", lambda settings, seed: results)
+    monkeypatch.setattr(_timing, "load_besides", lambda since, until=None: 1.5)
     out = mpb.run(tmp_path, scale="tiny")
     assert out["checks"]["dynamic_overhead_le_5pct"] is False
+    spread = "median 1, 95% interval 0.97-1.08 straddles <= 1.05"
     assert out["unresolved"] == {
-        "dynamic_overhead_le_5pct": "median 1, 95% interval 0.97-1.08 straddles <= 1.05"
+        "dynamic_overhead_le_5pct": f"{spread}; machine load: 1.5 cores busy "
+        "besides this run"
     }
     report = (tmp_path / "REPORT.md").read_text()
-    assert "- dynamic_overhead_le_5pct: unresolved (machine load), median 1" in report
+    assert "- dynamic_overhead_le_5pct: unresolved, median 1" in report
+    assert "machine load: 1.5 cores" in report
+    # on an otherwise idle machine the load is not blamed
+    monkeypatch.setattr(_timing, "load_besides", lambda since, until=None: 0.02)
+    (tmp_path / "idle").mkdir()
+    idle = mpb.run(tmp_path / "idle", scale="tiny")["unresolved"]
+    assert "machine load" not in idle["dynamic_overhead_le_5pct"]
+    assert "no load besides this run" in idle["dynamic_overhead_le_5pct"]
     missed = _with_overhead(tiny_results, 1.06, 1.07, 1.08)  # a real miss
     monkeypatch.setattr(mpb, "measure", lambda settings, seed: missed)
     assert mpb.run(tmp_path, scale="tiny")["unresolved"] == {}
