@@ -2,7 +2,9 @@
 
 The dtypes each test asserts are read from the traced program (the equations of
 ``jax.make_jaxpr`` of the autocast function, and of its gradient, sub-programs
-included), not only from the outputs.
+included), not only from the outputs. Where a test also runs the function, the
+program is read from the same jitted function it runs (module fixtures), so the
+function is traced once and compiled once.
 """
 
 from __future__ import annotations
@@ -37,15 +39,25 @@ def _normal(seed, shape):
     return jax.random.normal(jax.random.PRNGKey(seed), shape)
 
 
+def _program(fun, *args):
+    """Every equation of ``fun``'s program at ``args``, sub-programs included."""
+    return list(equations(jax.make_jaxpr(fun)(*args)))
+
+
+def _pick(program, name):
+    return [e for e in program if e.primitive.name in name]
+
+
 def _eqns(fun, *args, name=None):
-    found = list(equations(jax.make_jaxpr(fun)(*args)))
-    return [e for e in found if name is None or e.primitive.name in name]
+    found = _program(fun, *args)
+    return found if name is None else _pick(found, name)
 
 
-def _assert_products_low(fun, *args, low=BF16, count=None):
-    """Every product of ``fun``'s program takes ``low`` operands and accumulates
-    in float32."""
-    products = _eqns(fun, *args, name=PRODUCTS)
+def _assert_products_low(fun, *args, low=BF16, count=None, program=None):
+    """Every product of ``fun``'s program (or of ``program``, equations already
+    read) takes ``low`` operands and accumulates in float32."""
+    program = _program(fun, *args) if program is None else program
+    products = _pick(program, PRODUCTS)
     assert products, "no products in the program"
     for eqn in products:
         assert [v.aval.dtype for v in eqn.invars] == [low, low], eqn
@@ -64,13 +76,19 @@ def qkv():
     return tuple(_normal(i, (6, 16)) for i in range(3))
 
 
+@pytest.fixture(scope="module")
+def attention_bf16():
+    return jax.jit(mpjax.autocast(_attention, "mixed_bfloat16"))
+
+
 # --- products, the float32 list and the numbers ---------------------------------
 
 
-def test_attention_products_are_bfloat16_and_softmax_float32(qkv):
-    fun = mpjax.autocast(_attention, "mixed_bfloat16")
-    _assert_products_low(fun, *qkv, count=2)
-    eqns = _eqns(fun, *qkv, name=("exp", "reduce_sum", "reduce_max", "sqrt"))
+def test_attention_products_are_bfloat16_and_softmax_float32(qkv, attention_bf16):
+    fun = attention_bf16
+    program = _program(fun, *qkv)
+    _assert_products_low(fun, count=2, program=program)
+    eqns = _pick(program, ("exp", "reduce_sum", "reduce_max", "sqrt"))
     assert {e.primitive.name for e in eqns} == {
         "exp",
         "reduce_sum",
@@ -80,16 +98,17 @@ def test_attention_products_are_bfloat16_and_softmax_float32(qkv):
     assert all(v.aval.dtype == F32 for e in eqns for v in e.outvars)
     # scores / sqrt(d): a constant divisor takes the scores' dtype; the softmax's
     # division by its float32 sum is float32
-    divs = _eqns(fun, *qkv, name=("div",))
+    divs = _pick(program, ("div",))
     assert [e.outvars[0].aval.dtype for e in divs] == [BF16, F32]
     assert fun(*qkv).dtype == F32
 
 
 def test_gradient_products_are_bfloat16_with_float32_accumulation(qkv):
     loss = mpjax.autocast(lambda q, k, v: jnp.sum(_attention(q, k, v)), "mixed_bf16")
+    gradient = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     # two forward products, each with two transposed products in the backward pass
-    _assert_products_low(jax.grad(loss, argnums=(0, 1, 2)), *qkv, count=6)
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*qkv)
+    _assert_products_low(gradient, *qkv, count=6)
+    grads = gradient(*qkv)
     assert all(g.dtype == F32 for g in grads)
 
 
@@ -109,10 +128,11 @@ def test_convolution_and_its_gradient_run_in_bfloat16():
         return jnp.mean(jnp.tanh(y))
 
     fun = mpjax.autocast(loss, "mixed_bfloat16")
+    gradient = jax.jit(jax.grad(fun, argnums=(0, 1)))
     _assert_products_low(fun, x, w, count=1)
-    _assert_products_low(jax.grad(fun, argnums=(0, 1)), x, w, count=3)
+    _assert_products_low(gradient, x, w, count=3)
     want = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
-    got = jax.jit(jax.grad(fun, argnums=(0, 1)))(x, w)
+    got = gradient(x, w)
     for g, r in zip(got, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=BF16_RTOL, atol=BF16_RTOL * 1e-2)
 
@@ -133,37 +153,56 @@ def mixture_args():
     return _normal(0, (4, 8)), _normal(1, (8, 8)) / np.float32(np.sqrt(8))
 
 
-def test_float32_compute_equals_the_function_exactly(mixture_args):
+@pytest.fixture(scope="module")
+def mixture_bf16():
+    """The bfloat16 autocast mixture and its gradient (both arguments), jitted."""
+    fun = mpjax.autocast(_mixture, "mixed_bfloat16")
+    return jax.jit(fun), jax.jit(jax.grad(fun, argnums=(0, 1)))
+
+
+@pytest.fixture(scope="module")
+def mixture_float32():
+    """The mixture itself and its gradient (both arguments), jitted."""
+    return jax.jit(_mixture), jax.jit(jax.grad(_mixture, argnums=(0, 1)))
+
+
+def test_float32_compute_equals_the_function_exactly(mixture_args, mixture_float32):
     fun = mpjax.autocast(_mixture, "float32")
-    assert jax.jit(fun)(*mixture_args) == jax.jit(_mixture)(*mixture_args)
+    forward, gradient = mixture_float32
+    assert jax.jit(fun)(*mixture_args) == forward(*mixture_args)
     # the backward pass sums the same terms in another order: rounding only
     chex.assert_trees_all_close(
         jax.jit(jax.grad(fun, argnums=(0, 1)))(*mixture_args),
-        jax.jit(jax.grad(_mixture, argnums=(0, 1)))(*mixture_args),
+        gradient(*mixture_args),
         rtol=1e-5,
     )
 
 
-def test_bfloat16_compute_is_close_to_float32(mixture_args):
-    want = _mixture(*mixture_args)
-    got = jax.jit(mpjax.autocast(_mixture, "mixed_bfloat16"))(*mixture_args)
+def test_bfloat16_compute_is_close_to_float32(
+    mixture_args, mixture_bf16, mixture_float32
+):
+    want = mixture_float32[0](*mixture_args)
+    got = mixture_bf16[0](*mixture_args)
     assert got.dtype == F32
     np.testing.assert_allclose(got, want, rtol=BF16_RTOL)
-    grads = jax.jit(jax.grad(mpjax.autocast(_mixture, "mixed_bfloat16")))
     np.testing.assert_allclose(
-        grads(*mixture_args), jax.grad(_mixture)(*mixture_args), rtol=0.1, atol=0.05
+        mixture_bf16[1](*mixture_args)[0],
+        mixture_float32[1](*mixture_args)[0],
+        rtol=0.1,
+        atol=0.05,
     )
 
 
-def test_float32_list_runs_in_float32_inside_every_body(mixture_args):
-    fun = mpjax.autocast(_mixture, "mixed_bfloat16")
+def test_float32_list_runs_in_float32_inside_every_body(mixture_args, mixture_bf16):
+    fun, gradient = mixture_bf16
+    program = _program(fun, *mixture_args)
     names = ("exp", "log1p", "integer_pow", "erfc", "reduce_sum", "reduce_max")
-    eqns = _eqns(fun, *mixture_args, name=names)
+    eqns = _pick(program, names)
     assert {e.primitive.name for e in eqns} == set(names)
     assert all(v.aval.dtype == F32 for e in eqns for v in e.outvars)
     # products inside jit, fori_loop (a scan) and their operands: bfloat16
-    _assert_products_low(fun, *mixture_args, count=2)
-    _assert_products_low(jax.grad(fun), *mixture_args)
+    _assert_products_low(fun, count=2, program=program)
+    _assert_products_low(gradient, *mixture_args)
 
 
 def test_other_operations_follow_their_widest_input():
@@ -171,9 +210,10 @@ def test_other_operations_follow_their_widest_input():
         return jnp.tanh(x @ y) * 3.0, jnp.tanh(x @ y) + jnp.exp(x)
 
     a = _normal(0, (4, 4))
-    tanh = _eqns(mpjax.autocast(fun, "c=bf16"), a, a, name=("tanh",))
+    program = _program(mpjax.autocast(fun, "c=bf16"), a, a)
+    tanh = _pick(program, ("tanh",))
     assert [e.outvars[0].aval.dtype for e in tanh] == [BF16, BF16]
-    mul, add = _eqns(mpjax.autocast(fun, "c=bf16"), a, a, name=("mul", "add"))
+    mul, add = _pick(program, ("mul", "add"))
     assert mul.outvars[0].aval.dtype == BF16  # the literal 3.0 adapts
     assert add.outvars[0].aval.dtype == F32  # bfloat16 + float32 (from exp)
     low, high = mpjax.autocast(fun, "c=bf16")(a, a)
@@ -203,9 +243,10 @@ def test_explicit_conversions_are_kept():
 
     auto = mpjax.autocast(fun, "c=bf16,o=bf16")
     low, x = jnp.ones(3, jnp.bfloat16), _normal(0, (3, 3))
-    (add,) = _eqns(auto, low, x, name=("add",))
+    program = _program(auto, low, x)
+    (add,) = _pick(program, ("add",))
     assert add.outvars[0].aval.dtype == F32
-    converts = _eqns(auto, low, x, name=("convert_element_type",))
+    converts = _pick(program, ("convert_element_type",))
     assert F16 in {e.params["new_dtype"] for e in converts}
 
 
@@ -224,11 +265,10 @@ def test_loop_carry_widens_to_what_the_body_makes_of_it():
         return lax.scan(body, x[0], x)[0]
 
     x = _normal(0, (5, 3))
-    scan = _eqns(mpjax.autocast(fun, "c=bf16,o=f32"), x, name=("scan",))[0]
+    auto = jax.jit(mpjax.autocast(fun, "c=bf16,o=f32"))
+    scan = _eqns(auto, x, name=("scan",))[0]
     assert scan.outvars[0].aval.dtype == F32  # bfloat16 init, float32 exp
-    np.testing.assert_allclose(
-        jax.jit(mpjax.autocast(fun, "c=bf16,o=f32"))(x), fun(x), rtol=BF16_RTOL
-    )
+    np.testing.assert_allclose(auto(x), fun(x), rtol=BF16_RTOL)
 
 
 def test_while_loop_and_cond_bodies_are_rewritten():
@@ -240,8 +280,9 @@ def test_while_loop_and_cond_bodies_are_rewritten():
 
     x, n = _normal(0, (2, 4)), jnp.int32(3)
     auto = jax.jit(mpjax.autocast(fun, "mixed_bfloat16"))
-    _assert_products_low(auto, x, n, count=2)
-    cond = _eqns(auto, x, n, name=("cond",))[0]
+    program = _program(auto, x, n)
+    _assert_products_low(auto, count=2, program=program)
+    cond = _pick(program, ("cond",))[0]
     assert cond.outvars[0].aval.dtype == F32  # widest of exp (f32) and a product
     np.testing.assert_allclose(auto(x, n), fun(x, n), rtol=BF16_RTOL)
 
@@ -253,10 +294,9 @@ def test_remat_is_kept_and_its_body_rewritten():
     x = _normal(0, (2, 4)) / 4.0
     (remat,) = _eqns(auto, x, name=("remat2",))
     assert any(e.primitive.name == "exp" for e in equations(remat.params["jaxpr"]))
-    _assert_products_low(jax.grad(auto), x)
-    np.testing.assert_allclose(
-        jax.jit(jax.grad(auto))(x), jax.grad(fun)(x), rtol=BF16_RTOL
-    )
+    gradient = jax.jit(jax.grad(auto))
+    _assert_products_low(gradient, x)
+    np.testing.assert_allclose(gradient(x), jax.grad(fun)(x), rtol=BF16_RTOL)
 
 
 @jax.custom_jvp
@@ -287,10 +327,11 @@ def test_custom_derivative_rules_are_kept(fn):
 
     x = 2.0 * _normal(0, (3, 4))
     auto = mpjax.autocast(loss, "mixed_bfloat16")
+    gradient = jax.jit(jax.grad(auto))
     np.testing.assert_allclose(
-        jax.jit(jax.grad(auto))(x), jax.grad(loss)(x), rtol=BF16_RTOL, atol=0.05
+        gradient(x), jax.grad(loss)(x), rtol=BF16_RTOL, atol=0.05
     )
-    _assert_products_low(jax.grad(auto), x)
+    _assert_products_low(gradient, x)
     # the body itself runs in the compute dtype
     calls = _eqns(auto, x, name=("custom_jvp_call", "custom_vjp_call"))
     (call,) = [e for e in calls if fn.__name__ in str(e)]
@@ -324,25 +365,27 @@ def test_shard_map_body_is_rewritten_on_two_devices():
 
     x = _normal(0, (6, 8))
     auto = jax.jit(mpjax.autocast(loss, "mixed_bfloat16"))
-    (shard_map,) = _eqns(auto, x, name=("shard_map",))
+    gradient = jax.jit(jax.grad(auto))
+    program = _program(auto, x)
+    (shard_map,) = _pick(program, ("shard_map",))
     inner = list(equations(shard_map.params["jaxpr"]))
     assert any(e.primitive.name == "dot_general" for e in inner)
-    _assert_products_low(auto, x, count=1)
-    _assert_products_low(jax.grad(auto), x)
+    _assert_products_low(auto, count=1, program=program)
+    _assert_products_low(gradient, x)
     np.testing.assert_allclose(auto(x), loss(x), rtol=BF16_RTOL)
     np.testing.assert_allclose(
-        jax.jit(jax.grad(auto))(x), jax.grad(loss)(x), rtol=BF16_RTOL, atol=0.01
+        gradient(x), jax.grad(loss)(x), rtol=BF16_RTOL, atol=0.01
     )
 
 
 # --- transformations and libraries ----------------------------------------------
 
 
-def test_composes_with_jit_grad_vmap_and_remat(qkv):
-    auto = mpjax.autocast(_attention, "mixed_bfloat16")
+def test_composes_with_jit_grad_vmap_and_remat(qkv, attention_bf16):
+    auto = attention_bf16
     q, k, v = qkv
     batched = jax.vmap(auto, in_axes=(0, None, None))(q[:, None], k, v)
-    np.testing.assert_array_equal(batched[:, 0], jax.jit(auto)(q, k, v))
+    np.testing.assert_array_equal(batched[:, 0], auto(q, k, v))
     inner = mpjax.autocast(jax.vmap(_attention, in_axes=(0, None, None)), "bf16")
     assert inner(q[:, None], k, v).dtype == BF16
     _assert_products_low(inner, q[:, None], k, v, count=2)
@@ -355,8 +398,8 @@ def test_composes_with_jit_grad_vmap_and_remat(qkv):
     )
 
 
-def test_forward_mode_raises_jax_error(qkv):
-    auto = mpjax.autocast(_attention, "mixed_bfloat16")
+def test_forward_mode_raises_jax_error(qkv, attention_bf16):
+    auto = attention_bf16
     with pytest.raises(TypeError, match="custom_vjp"):
         jax.jvp(lambda q: auto(q, *qkv[1:]), (qkv[0],), (qkv[0],))
 
@@ -406,7 +449,7 @@ def test_equinox_module_with_function_leaves():
     auto = eqx.filter_jit(mpjax.autocast(loss, "mixed_bfloat16"))
     _assert_products_low(lambda x: auto(mlp, x), x, count=3)
     np.testing.assert_allclose(auto(mlp, x), loss(mlp, x), rtol=BF16_RTOL)
-    grads = eqx.filter_grad(auto)(mlp, x)
+    grads = eqx.filter_jit(eqx.filter_grad(auto))(mlp, x)
     assert grads.layers[0].weight.dtype == F32
     np.testing.assert_allclose(
         grads.layers[0].weight,
@@ -445,7 +488,7 @@ def _train_digits(loss_fn, params, *, check=None):
     for r in rows:
         state, metrics = step(state, (digits.x_train[r], digits.y_train[r]))
         assert np.isfinite(float(metrics["loss"])) and not metrics["skipped"]
-    return float(loss_fn(state.params, (digits.x_test, digits.y_test)))
+    return float(jax.jit(loss_fn)(state.params, (digits.x_test, digits.y_test)))
 
 
 @pytest.mark.standard_promotion  # optax.adam promotes internally
