@@ -27,7 +27,12 @@ from lbm_jax._stop import relative_change, steady
 from lbm_jax.core._boundaries import CellType
 from lbm_jax.core._collision import Collision, CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice, list_lattices
-from lbm_jax.core._storage import StoragePolicy, get_storage, list_storages
+from lbm_jax.core._storage import (
+    StoragePolicy,
+    differentiable_storages,
+    get_storage,
+    list_storages,
+)
 from lbm_jax.core._units import CS2, MAX_MACH, MAX_SPEED, MIN_TAU
 from lbm_jax.sim._decomp import to_host
 from lbm_jax.sim._observables import (
@@ -68,6 +73,7 @@ __all__ = [
     "ibm",
     "code_version",
     "density",
+    "differentiable_storages",
     "get_lattice",
     "get_storage",
     "list_lattices",

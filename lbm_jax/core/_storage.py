@@ -30,6 +30,12 @@ bfloat16 populations are held as their 16-bit patterns (``uint16``): XLA:CPU mov
 16-bit integers (3 against 31 MLUPs measured, D3Q19 64^3 on one core), while the
 encoded values are the same bits.
 
+Encoding and decoding have the straight-through derivative (the derivative of
+``decode(encode(x))`` is the identity), so ``jax.grad`` and ``jax.jvp`` pass through
+the storage of every policy whose populations are held in a floating-point dtype
+(:func:`differentiable_storages`); through the others (bit patterns in ``uint16``)
+they raise a ``TypeError`` while tracing rather than return a zero.
+
 posit16s is posit16 applied to ``x * 2**10``, the posit twin of fp16s: its region
 of highest precision (12 fraction bits) lies on the magnitudes DDF-shifted
 populations take, ``[2**-12, 2**-8)`` (see :mod:`mpjax.formats`).
@@ -41,6 +47,7 @@ populations take, ``[2**-12, 2**-8)`` (see :mod:`mpjax.formats`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +57,12 @@ from jax import lax
 from lbm_jax.core._lattice import did_you_mean
 from mpjax import formats as _formats
 
-__all__ = ["StoragePolicy", "get_storage", "list_storages"]
+__all__ = [
+    "StoragePolicy",
+    "differentiable_storages",
+    "get_storage",
+    "list_storages",
+]
 
 # canonical name -> (short name, compute dtype, mpjax format name)
 _POLICIES: dict[str, tuple[str, str, str]] = {
@@ -123,22 +135,17 @@ class StoragePolicy:
         return self.compute_dtype == np.dtype(np.float64)
 
     def encode(self, f: jax.Array) -> jax.Array:
-        """Encode (already shifted, if shifting) compute-dtype values for storage."""
-        if self.storage_dtype == np.dtype(self.compute_dtype):
-            return f.astype(self.compute_dtype)
-        codes = self.format.encode(f)
-        if codes.dtype != self.storage_dtype:
-            codes = lax.bitcast_convert_type(codes, self.storage_dtype)
-        return codes
+        """Encode (already shifted, if shifting) compute-dtype values for storage.
+
+        Differentiable straight through (see :func:`_encoded`): the derivative
+        of ``decode(encode(f))`` is the identity.
+        """
+        return _encoded(self, f)
 
     def decode(self, stored: jax.Array) -> jax.Array:
-        """Decode stored values to the compute dtype."""
-        if stored.dtype == np.dtype(self.compute_dtype):
-            return stored
-        native = np.dtype(self.format.storage_dtype)
-        if stored.dtype != native:
-            stored = lax.bitcast_convert_type(stored, native)
-        return self.format.decode(stored, dtype=self.compute_dtype)
+        """Decode stored values to the compute dtype (straight-through
+        derivative, see :meth:`encode`)."""
+        return _decoded(self, stored)
 
     def check_enabled(self) -> None:
         """Raise ``ValueError`` if the compute dtype is unavailable (x64 off)."""
@@ -147,6 +154,78 @@ class StoragePolicy:
 
     def __str__(self) -> str:
         return self.name if self.shift else f"{self.name} (unshifted)"
+
+
+def _store(storage: StoragePolicy, f: jax.Array) -> jax.Array:
+    if storage.storage_dtype == np.dtype(storage.compute_dtype):
+        return f.astype(storage.compute_dtype)
+    codes = storage.format.encode(f)
+    if codes.dtype != storage.storage_dtype:
+        codes = lax.bitcast_convert_type(codes, storage.storage_dtype)
+    return codes
+
+
+def _load(storage: StoragePolicy, stored: jax.Array) -> jax.Array:
+    if stored.dtype == np.dtype(storage.compute_dtype):
+        return stored
+    native = np.dtype(storage.format.storage_dtype)
+    if stored.dtype != native:
+        stored = lax.bitcast_convert_type(stored, native)
+    return storage.format.decode(stored, dtype=storage.compute_dtype)
+
+
+# The storage rounding is piecewise constant: its own derivative is zero almost
+# everywhere, and on integer bit patterns JAX cuts it altogether. Its useful
+# derivative is the straight-through one, d decode(encode(x))/dx = 1 (DESIGN §7):
+# the tangent is carried through the stored array as a value of its dtype (rounded
+# to it in 16-bit storage, as the state is), so the gradient is the compute-dtype
+# adjoint along the trajectory actually stored. The primal computations are the
+# codecs themselves, unchanged bit for bit. Integer containers (bit patterns)
+# cannot carry a tangent: differentiating through them raises.
+def _straight_through(
+    codec: Callable[[StoragePolicy, jax.Array], jax.Array],
+    check: Callable[[StoragePolicy, jax.Array], None],
+) -> Callable[[StoragePolicy, jax.Array], jax.Array]:
+    """``codec`` with the identity as its derivative (the tangent cast to the
+    result's dtype); ``check`` sees the result first and may refuse."""
+    rounded = jax.custom_jvp(codec, nondiff_argnums=(0,))
+
+    @rounded.defjvp
+    def _jvp(storage: StoragePolicy, primals: tuple, tangents: tuple) -> tuple:
+        (x,), (dx,) = primals, tangents
+        y = rounded(storage, x)
+        check(storage, y)
+        return y, dx.astype(y.dtype)
+
+    return rounded
+
+
+def _require_float_container(storage: StoragePolicy, codes: jax.Array) -> None:
+    if not jnp.issubdtype(codes.dtype, jnp.floating):
+        raise TypeError(
+            f"Cannot differentiate through {storage} storage: it holds populations "
+            f"as {codes.dtype} bit patterns, which carry no derivative. "
+            "Differentiate a simulation with a floating-point container instead "
+            f"(storage one of {differentiable_storages()})."
+        )
+
+
+_encoded = _straight_through(_store, _require_float_container)
+_decoded = _straight_through(_load, lambda storage, values: None)
+
+
+def differentiable_storages() -> tuple[str, ...]:
+    """Canonical names of the storage policies a derivative passes through
+    (those whose populations are held in a floating-point dtype).
+
+    >>> "FP32/FP16S" in differentiable_storages()
+    True
+    """
+    return tuple(
+        name
+        for name in _POLICIES
+        if jnp.issubdtype(get_storage(name).storage_dtype, jnp.floating)
+    )
 
 
 def get_storage(

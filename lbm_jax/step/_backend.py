@@ -14,7 +14,9 @@ import difflib
 import enum
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import jax
 
 __all__ = [
     "BACKENDS",
@@ -24,6 +26,7 @@ __all__ = [
     "choose",
     "parse_backend",
     "resolve_alias",
+    "without_derivative",
 ]
 
 
@@ -157,3 +160,31 @@ def choose(asked: str | Backend, candidates: Sequence[Candidate], what: str) -> 
             cand.on_fallback(why)
         reasons.append(why)
     return Choice(Backend.XLA, "; ".join(reasons) or None)
+
+
+def without_derivative(fun: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """``fun`` unchanged, except that differentiating it raises.
+
+    A backend whose step has no derivative rule (a foreign call, a Pallas
+    kernel) wraps it here: ``jax.grad`` or ``jax.jvp`` through it then fails
+    while tracing, before any work, naming the backend that differentiates,
+    instead of returning a zero or an unrelated error.
+
+    >>> double = without_derivative(lambda x: 2 * x, "doubling")
+    >>> float(double(1.5))
+    3.0
+    """
+
+    @jax.custom_jvp
+    def wrapped(*args: Any) -> Any:
+        return fun(*args)
+
+    @wrapped.defjvp
+    def _refuse(primals: tuple, tangents: tuple) -> Any:
+        raise TypeError(
+            f"{what} has no derivative rule, so jax.grad and jax.jvp cannot pass "
+            f'through it; build the simulation with backend="xla" (the reference '
+            "step, differentiable) to differentiate it."
+        )
+
+    return wrapped

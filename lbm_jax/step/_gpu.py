@@ -46,7 +46,7 @@ import numpy as np
 from lbm_jax.core._collision import CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice
 from lbm_jax.core._storage import StoragePolicy
-from lbm_jax.step._backend import Backend, Candidate
+from lbm_jax.step._backend import Backend, Candidate, without_derivative
 from lbm_jax.step._gpu_cells import Cells, collide_cells, encode_in_kernel, index, wrap
 from lbm_jax.step._layout import x_ghost_planes
 
@@ -112,8 +112,8 @@ def why_not(
     grids split along y or z.
 
     >>> from lbm_jax import get_lattice
-    >>> why_not(get_lattice("D3Q15"), (8, 8, 8))
-    'the fused GPU step covers D2Q9, D3Q19 and D3Q27 (got D3Q15)'
+    >>> why_not(get_lattice("D2Q9"), (8, 8, 8))
+    'the fused GPU step needs a 2-D grid (got 3-D)'
     """
     if lattice.name not in _LATTICES or lattice != get_lattice(lattice.name):
         return f"the fused GPU step covers {', '.join(_LATTICES[:-1])} and " + (
@@ -381,7 +381,7 @@ def run_kernel(
     params = {}
     if not plan.interpret:
         params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=1)
-    return pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=plan.grid,
@@ -389,7 +389,8 @@ def run_kernel(
         interpret=plan.interpret,
         name=name,
         **params,
-    )(*inputs)
+    )
+    return without_derivative(call, f"the fused GPU step ({name})")(*inputs)
 
 
 def _varying_axes(a: jax.Array) -> tuple[str, ...]:

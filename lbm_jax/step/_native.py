@@ -55,7 +55,7 @@ from lbm_jax.core._collision import Collision, CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _native_build
-from lbm_jax.step._backend import Backend, Candidate
+from lbm_jax.step._backend import Backend, Candidate, without_derivative
 from lbm_jax.step._layout import default_slab, x_ghost_planes
 from lbm_jax.step._native_build import LATTICES, NativeStepWarning, warn_fallback
 from lbm_jax.step._xla import make_step_into
@@ -224,8 +224,9 @@ def why_not_step(
     >>> from lbm_jax.core._collision import parse_collision
     >>> trt = parse_collision("trt", 0.8, 3 / 16)
     >>> why = why_not_step(get_lattice("D2Q9"), get_storage("fp32"), trt, (32, 32))
-    >>> print(why.replace(", ", ",\n"))
-    the native step needs BGK collision (got TRT),
+    >>> for part in why.split(", "):
+    ...     print(part)
+    the native step needs BGK collision (got TRT)
     at least 128 cells per x-plane (got 32)
     """
     plane = math.prod(shape[1:])
@@ -383,19 +384,19 @@ def make_native_step_into(
         ]
         # the result has g's type (inside shard_map: varying over the mesh axes)
         call = jax.ffi.ffi_call(target, jax.typeof(g), input_output_aliases={7: 0})
-        return call(
-            f,
-            left,
-            right,
-            *arrays,
-            g,
-            omega=omega,
-            forced=np.int64(forced),
-            force=force,
-            cp=cp,
-            cm=cm,
-            threads=np.int64(n),
-        )
+        return without_derivative(
+            lambda f, *rest: call(
+                f,
+                *rest,
+                omega=omega,
+                forced=np.int64(forced),
+                force=force,
+                cp=cp,
+                cm=cm,
+                threads=np.int64(n),
+            ),
+            "the native CPU step",
+        )(f, left, right, *arrays, g)
 
     return step_into
 

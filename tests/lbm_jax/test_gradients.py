@@ -1,0 +1,153 @@
+"""Derivatives through the solver (DESIGN §7).
+
+The storage rounding has the straight-through derivative, so a gradient through
+16-bit storage is the compute-dtype adjoint along the stored trajectory; a storage
+or a backend that cannot carry a derivative raises while tracing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import lbm_jax
+from tests.lbm_jax._native_env import native_skip_reason
+
+STEPS = 20
+FORCE = 1e-5
+# relative error of d<u>/dF against steps / rho: float32 arithmetic in float32
+# storage; the tangent rides in the 16-bit container (float16: 11 significant
+# bits, 2^-11 per rounding, a few roundings per step)
+RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2}
+SHIFTS = (True, False)
+
+
+@functools.cache
+def _mean_velocity(storage: str, shift: bool):
+    """``F -> <u_x>`` after ``STEPS`` steps of a 16^2 D2Q9 box at rest, the
+    force passed to every step (the momentum read out as stored, no half-force
+    taken off: ``<u> = steps F / rho`` exactly); jitted once per storage."""
+    sim = lbm_jax.Simulation(
+        "D2Q9", (16, 16), tau=0.8, storage=storage, shift=shift, backend="xla"
+    )
+
+    def mean_u(fx: jax.Array) -> jax.Array:
+        force = jnp.stack([fx, jnp.zeros_like(fx)])
+        state = lax.fori_loop(
+            0, STEPS, lambda _, s: sim.step(s, force), sim.init(), unroll=False
+        )
+        return jnp.mean(sim.fields(state, which="velocity")[1][0])
+
+    return jax.jit(mean_u), jax.jit(jax.grad(mean_u))
+
+
+def _float_storages() -> list[str]:
+    return [s for s in lbm_jax.differentiable_storages() if s != "FP64/FP64"]
+
+
+@pytest.mark.parametrize("shift", SHIFTS)
+@pytest.mark.parametrize("storage", _float_storages())
+def test_uniform_force_gradient_is_steps_over_density(storage, shift):
+    _, grad = _mean_velocity(storage, shift)
+    dtype = lbm_jax.get_storage(storage).storage_dtype.name
+    got = float(grad(jnp.float32(FORCE)))
+    np.testing.assert_allclose(got, STEPS / 1.0, rtol=RTOL[dtype])
+
+
+def test_uniform_force_gradient_in_float64(x64):
+    sim = lbm_jax.Simulation("D2Q9", (16, 16), tau=0.8, storage="fp64", backend="xla")
+
+    def mean_u(fx):
+        force = jnp.stack([fx, jnp.zeros_like(fx)])
+        state = lax.fori_loop(0, STEPS, lambda _, s: sim.step(s, force), sim.init())
+        return jnp.mean(sim.fields(state, which="velocity")[1][0])
+
+    got = float(jax.jit(jax.grad(mean_u))(jnp.float64(FORCE)))
+    np.testing.assert_allclose(got, STEPS / 1.0, rtol=RTOL["float64"])
+
+
+@pytest.mark.parametrize("shift", SHIFTS)
+@pytest.mark.parametrize(
+    "storage",
+    [s for s in lbm_jax.list_storages() if s not in lbm_jax.differentiable_storages()],
+)
+def test_bit_pattern_storage_refuses_to_differentiate(storage, shift):
+    sim = lbm_jax.Simulation(
+        "D2Q9", (16, 16), tau=0.8, storage=storage, shift=shift, backend="xla"
+    )
+
+    def mean_u(fx):
+        state = sim.step(sim.init(), jnp.stack([fx, jnp.zeros_like(fx)]))
+        return jnp.mean(sim.fields(state, which="velocity")[1][0])
+
+    # never a silent zero: the error is raised while tracing, naming the remedy
+    with pytest.raises(TypeError, match="bit patterns.*FP32/FP16S"):
+        jax.make_jaxpr(jax.grad(mean_u))(jnp.float32(FORCE))
+
+
+@pytest.mark.parametrize("storage", lbm_jax.list_storages()[1:])
+def test_codecs_keep_their_bits(storage):
+    """encode and decode compute exactly the mpjax codec, with and without a
+    derivative taken through them."""
+    pol = lbm_jax.get_storage(storage)
+    x = jnp.linspace(-0.3, 0.3, 257, dtype=jnp.float32)
+    codes = pol.format.encode(x)
+    want = np.asarray(codes).view(pol.storage_dtype)
+    np.testing.assert_array_equal(np.asarray(pol.encode(x)), want)
+    if storage in lbm_jax.differentiable_storages():
+        got, _ = jax.jvp(pol.encode, (x,), (jnp.ones_like(x),))
+        np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(
+        np.asarray(pol.decode(pol.encode(x))),
+        np.asarray(pol.format.decode(codes, dtype=jnp.float32)),
+    )
+
+
+# In float32 storage nothing rounds the float32 arithmetic, which XLA may fuse
+# differently once the tangent program sits beside it; there the codecs' bits are
+# checked directly (test_codecs_keep_their_bits).
+def test_step_under_a_derivative_keeps_its_bits():
+    mean_u, _ = _mean_velocity("FP32/FP16S", True)
+    fx = jnp.float32(FORCE)
+    primal, tangent = jax.jvp(mean_u, (fx,), (jnp.float32(1.0),))
+    assert np.asarray(primal).tobytes() == np.asarray(mean_u(fx)).tobytes()
+    np.testing.assert_allclose(tangent, STEPS, rtol=1e-2)
+
+
+def test_forward_mode_matches_central_differences_d3q19(x64):
+    sim = lbm_jax.Simulation("D3Q19", (8, 8, 8), tau=0.7, storage="fp64", backend="xla")
+    z = np.linspace(0, 2 * np.pi, 8, endpoint=False)
+    shape = np.sin(z)[None, :, None, None] * np.ones((3, 8, 8, 8))
+    u0 = jnp.asarray(0.02 * np.roll(shape, 1, axis=0))
+
+    @jax.jit
+    def energy(amp):
+        force = amp * jnp.asarray(shape)
+        state = sim.init(u=u0)
+        state = lax.fori_loop(0, 8, lambda _, s: sim.step(s, force), state)
+        return jnp.sum(sim.fields(state, force, which="velocity")[1] ** 2)
+
+    amp, h = 1e-4, 1e-8
+    _, tangent = jax.jvp(energy, (jnp.float64(amp),), (jnp.float64(1.0),))
+    central = (energy(amp + h) - energy(amp - h)) / (2 * h)
+    np.testing.assert_allclose(float(tangent), float(central), rtol=1e-6)
+
+
+def test_native_step_refuses_to_differentiate():
+    why = native_skip_reason()
+    if why is not None:
+        pytest.skip(why)
+    # the native step needs at least 128 cells per x-plane
+    sim = lbm_jax.Simulation("D3Q19", (8, 16, 8), tau=0.8, backend="native")
+    state = sim.init()
+
+    def mean_f(f):
+        return jnp.mean(sim.step(state._replace(f=f)).f)
+
+    with pytest.raises(TypeError, match='native CPU step.*backend="xla"'):
+        jax.make_jaxpr(jax.grad(mean_f))(state.f)
