@@ -58,6 +58,8 @@ marker carried by the fluid:
 True
 """
 
+# long: the driver, its resume from checkpoints and its length estimate share one
+# host loop; they move apart with the run/ folder
 from __future__ import annotations
 
 import dataclasses

@@ -145,11 +145,11 @@ class FreeSurface:
         backend: str | Backend | None = None,
         kernel: str | None = None,
     ) -> None:
+        if not isinstance(sim, Simulation):
+            raise TypeError(f"sim must be an lbm_jax.Simulation, got {sim!r}.")
         if backend is None:
             backend = sim.backend_requested if kernel is None else "auto"
         backend = resolve_alias(backend, kernel)
-        if not isinstance(sim, Simulation):
-            raise TypeError(f"sim must be an lbm_jax.Simulation, got {sim!r}.")
         other = set(np.unique(sim.cell_type)) - {CellType.FLUID, CellType.SOLID}
         if other:
             names = sorted(CellType(int(c)).name for c in other)

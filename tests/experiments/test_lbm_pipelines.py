@@ -149,7 +149,7 @@ def test_lbm_accuracy_cylinder_compared_by_shedding_statistics_with_fp32():
 
 def test_lbm_accuracy_shedding_checks_use_the_statistics():
     settings = dataclasses.replace(
-        lbm_accuracy.settings_for("quick"), runs=(("fp32", True), ("fp16s", True))
+        lbm_accuracy.settings_for("standard"), runs=(("fp32", True), ("fp16s", True))
     )
     assert ("fp16s", True) in settings.unconfined_runs
     name = "unconfined_shifted_16bit_shedding_matches_reference"

@@ -114,7 +114,7 @@ def test_immersed_boundary_kernel_is_a_deprecated_alias_of_delta():
         old = ImmersedBoundary(ib.sim, ib.membrane, kernel=2)
     assert old.delta is get_kernel(2) and ib.delta is get_kernel(4)
     with pytest.warns(DeprecationWarning, match=r"\.delta"):
-        assert old.backend is old.delta
+        assert old.kernel is old.delta
     with pytest.raises(ValueError, match="once"):
         ImmersedBoundary(ib.sim, ib.membrane, delta=2, kernel=2)
 

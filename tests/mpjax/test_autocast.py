@@ -7,6 +7,7 @@ program is read from the same jitted function it runs (module fixtures), so the
 function is traced once and compiled once.
 """
 
+# long: one contract battery per rule family, sharing module-scoped programs
 from __future__ import annotations
 
 import doctest
