@@ -137,7 +137,7 @@ class StoragePolicy:
     def encode(self, f: jax.Array) -> jax.Array:
         """Encode (already shifted, if shifting) compute-dtype values for storage.
 
-        Differentiable straight through (see :func:`_encoded`): the derivative
+        Differentiable straight through (see ``_encoded``): the derivative
         of ``decode(encode(f))`` is the identity.
         """
         return _encoded(self, f)
