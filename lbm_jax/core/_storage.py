@@ -176,7 +176,7 @@ def _load(storage: StoragePolicy, stored: jax.Array) -> jax.Array:
 
 # The storage rounding is piecewise constant: its own derivative is zero almost
 # everywhere, and on integer bit patterns JAX cuts it altogether. Its useful
-# derivative is the straight-through one, d decode(encode(x))/dx = 1 (DESIGN §7):
+# derivative is the straight-through one, d decode(encode(x))/dx = 1:
 # the tangent is carried through the stored array as a value of its dtype (rounded
 # to it in 16-bit storage, as the state is), so the gradient is the compute-dtype
 # adjoint along the trajectory actually stored. The primal computations are the
