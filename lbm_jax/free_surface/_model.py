@@ -49,7 +49,6 @@ agree to round-off: their sums run in different orders.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 from collections.abc import Sequence
@@ -77,7 +76,7 @@ from lbm_jax.free_surface._xla_step import xla_step
 from lbm_jax.sim._simulation import LBMState, Simulation
 from lbm_jax.step import _native
 from lbm_jax.step._backend import Backend, Choice, choose, resolve_alias
-from lbm_jax.step._gpu import quiet_lowering
+from lbm_jax.step._gpu import lowering
 
 __all__ = ["FreeSurface"]
 
@@ -354,8 +353,7 @@ class FreeSurface:
         """One free-surface step (pure, jit-able): stream, exchange mass, collide,
         convert cells and redistribute the excess mass."""
         self.sim.check_state(state.fluid)
-        gpu = self.backend == Backend.GPU.value
-        with quiet_lowering() if gpu else contextlib.nullcontext():
+        with lowering(self.backend):
             return self._step_jit(self, state)
 
     def _step_impl(self, state: FreeSurfaceState) -> FreeSurfaceState:

@@ -10,13 +10,14 @@ messages live here.
 
 from __future__ import annotations
 
-import difflib
 import enum
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+
+from lbm_jax.core._lattice import did_you_mean
 
 __all__ = [
     "BACKENDS",
@@ -64,9 +65,10 @@ def parse_backend(backend: str | Backend) -> Backend:
         raise TypeError(f"backend must be a str, one of {BACKENDS}, got {backend!r}.")
     key = backend.strip().lower()
     if key not in BACKENDS:
-        close = difflib.get_close_matches(key, BACKENDS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.{hint}")
+        raise ValueError(
+            f"backend must be one of {BACKENDS}, got {backend!r}"
+            f"{did_you_mean(key, BACKENDS)}."
+        )
     return Backend(key)
 
 

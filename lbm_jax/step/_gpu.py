@@ -55,6 +55,7 @@ __all__ = [
     "Plan",
     "available",
     "candidate",
+    "lowering",
     "quiet_lowering",
     "make_gpu_step_into",
     "pallas_modules",
@@ -175,6 +176,13 @@ def quiet_lowering() -> Iterator[None]:
             "ignore", message=TRITON_DEPRECATION, category=DeprecationWarning
         )
         yield
+
+
+def lowering(backend: Backend | str) -> contextlib.AbstractContextManager[None]:
+    """The context a program of a step on ``backend`` is lowered in:
+    :func:`quiet_lowering` for the GPU backend, nothing for the others."""
+    gpu = Backend(backend) is Backend.GPU
+    return quiet_lowering() if gpu else contextlib.nullcontext()
 
 
 def _block(n: int) -> int:

@@ -58,9 +58,7 @@ class StepPlan:
     def lowering(self) -> contextlib.AbstractContextManager[None]:
         """The context a program with this step is lowered in: on the GPU
         backend, ``lbm_jax.step._gpu.quiet_lowering``."""
-        if self.backend is Backend.GPU:
-            return _gpu.quiet_lowering()
-        return contextlib.nullcontext()
+        return _gpu.lowering(self.backend)
 
 
 def plan_step(

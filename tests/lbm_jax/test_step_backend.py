@@ -22,7 +22,7 @@ def test_the_vocabulary_is_one_enum():
 
 
 def test_an_unknown_backend_names_the_closest():
-    with pytest.raises(ValueError, match="Did you mean 'native'"):
+    with pytest.raises(ValueError, match=r"\(did you mean 'native'\?\)"):
         parse_backend("nativ")
     with pytest.raises(TypeError, match="backend must be a str"):
         parse_backend(3)
