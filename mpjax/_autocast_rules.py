@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 from jax.extend import core as jcore
 from jax.extend.core import primitives as jprims
 
@@ -330,7 +331,8 @@ def convert(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
 
 def cast_product(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
     """A product in the compute dtype with float32 accumulation, its result in
-    the compute dtype; so are the two products of its backward pass."""
+    the compute dtype; its backward pass has one compute-dtype product per
+    operand that is differentiated."""
     if not all(is_floating(x) for x in invals):
         return bind(eqn, invals)
     low = ctx.compute_dtype
@@ -346,21 +348,41 @@ def cast_product(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
         out = eqn.primitive.bind(a, b, **params, preferred_element_type=accumulate)
         return cast(out, low)
 
-    def forward(a: jax.Array, b: jax.Array) -> tuple[jax.Array, tuple]:
-        return product(a, b), (a, b)
+    def forward(a: Any, b: Any) -> tuple[jax.Array, tuple]:
+        # symbolic zeros: an operand nothing differentiates (the data of a first
+        # layer) gets no transposed product in the backward pass.
+        operands = (a.value, b.value)
+        return product(*operands), (operands, (a.perturbed, b.perturbed))
 
-    def backward(operands: tuple, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-        a, b = operands
+    def backward(residual: tuple, g: Any) -> tuple[Any, Any]:
+        (a, b), perturbed = residual
+        if isinstance(g, SymbolicZero) or not any(perturbed):
+            return None, None
+        g = cast(g, low)
+        wanted = [i for i, p in enumerate(perturbed) if p]
 
-        def transposes(a: Any, b: Any, g: Any) -> tuple[Any, Any]:
-            (da,) = jax.linear_transpose(lambda a: plain(a, b), a)(g)
-            (db,) = jax.linear_transpose(lambda b: plain(a, b), b)(g)
-            return da, db
+        def transposes(a: Any, b: Any, g: Any) -> list[Any]:
+            operands = (a, b)
+            out = []
+            for i in wanted:
 
-        closed = jax.make_jaxpr(transposes)(a, b, cast(g, low))
-        return tuple(ctx.evaluate(closed, [a, b, cast(g, low)]))
+                def along(x: Any, i: int = i) -> Any:
+                    args = list(operands)
+                    args[i] = x
+                    return plain(*args)
 
-    product.defvjp(forward, backward)
+                out.extend(jax.linear_transpose(along, operands[i])(g))
+            return out
+
+        # The transposed products return the compute dtype, which every XLA
+        # backend accumulates in float32 (as cuBLAS and torch.autocast do). An
+        # explicit float32 result rounded to the compute dtype here is folded by
+        # XLA:CPU into a bfloat16 x bfloat16 = float32 product its runtime cannot
+        # execute ("Unsupported element type for DotThunk::Execute").
+        cotangents = iter(transposes(a, b, g))
+        return tuple(next(cotangents) if p else None for p in perturbed)
+
+    product.defvjp(forward, backward, symbolic_zeros=True)
     return [product(*(cast(x, low) for x in invals))]
 
 
