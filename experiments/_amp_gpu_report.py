@@ -22,6 +22,8 @@ ENCODER_TARGET_DEVICES = ("H200", "H100")
 ENCODER_TARGET_MS = 30.0
 FP8_SPEEDUP_TARGET = 1.4  # fp8 vs mixed_bfloat16 on the MLP
 FP8_LOSS_TOLERANCE = 0.10  # fp8 MLP last loss vs mixed_bfloat16's, relative
+#: autocast's step time over the hand-cast program's, per network, on a GPU.
+AUTOCAST_TIME_TOLERANCE = 0.05
 SEED_CLAIM = "50-60 % faster (1.5-1.6x)"
 
 
@@ -115,6 +117,19 @@ def checks(results: dict[str, Any], table: list[dict[str, Any]]) -> dict[str, bo
         out[f"mlp fp8 >= {FP8_SPEEDUP_TARGET}x mixed_bfloat16"] = (
             speedup >= FP8_SPEEDUP_TARGET
         )
+    if results["backend"] == "gpu":
+        for network in sorted({r["network"] for r in table}):
+            auto = by.get((network, "autocast_bfloat16"))
+            hand = by.get((network, "mixed_bfloat16"))
+            name = (
+                f"{network} autocast_bfloat16 within "
+                f"{AUTOCAST_TIME_TOLERANCE:.0%} of mixed_bfloat16's step time"
+            )
+            out[name] = bool(
+                auto
+                and hand
+                and auto["step_ms"] <= (1 + AUTOCAST_TIME_TOLERANCE) * hand["step_ms"]
+            )
     encoder = by.get(("encoder", "mixed_bfloat16"))
     if key in ENCODER_TARGET_DEVICES and encoder:
         out[f"encoder mixed_bfloat16 <= {ENCODER_TARGET_MS:g} ms/step"] = (

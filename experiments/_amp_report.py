@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from experiments._amp_tasks import Task
-from experiments._amp_train import REFERENCE, RunRecord
+from experiments._amp_train import (
+    AUTOCAST,
+    HAND_CAST,
+    POLICIES,
+    REFERENCE,
+    RunRecord,
+    products_match,
+)
 from experiments._report import fmt, markdown_table, new_figure, save_figure
 
 __all__ = ["TITLES", "device_peak_cell", "figures", "report_text", "run_table"]
@@ -161,6 +168,19 @@ def figures(
     return ["loss_curves.png", "loss_scale.png"]
 
 
+_AUTOCAST_TEXT = (
+    "`autocast_bfloat16` leaves the model in float32 and runs its loss under "
+    '`mpjax.autocast(loss, "mixed_bfloat16")`, which rewrites the traced '
+    "program; `mixed_bfloat16` is the same model converted by hand with "
+    "`mpjax.apply_policy`. Below, the matrix products and convolutions of "
+    "one train step (forward, backward and optimizer) by operand dtypes. "
+    "The check: the same products, every autocast one in bfloat16. "
+    "The hand-cast encoder keeps two products with a float32 operand: "
+    "`jax.nn.dot_product_attention` multiplies its float32 attention "
+    "weights with the bfloat16 values (forward and backward)."
+)
+
+
 def report_text(
     *,
     scale: str,
@@ -169,6 +189,7 @@ def report_text(
     table: str,
     statements: list[str],
     under_table: str,
+    autocast_table: str,
     tasks: Mapping[str, Task],
     figure_names: list[str],
 ) -> str:
@@ -188,7 +209,8 @@ def report_text(
         ]
     return "\n".join(
         [
-            "# AMP: three network archetypes under four precision policies",
+            f"# AMP: {len(tasks)} networks under {len(POLICIES)} precision "
+            "configurations",
             "",
             f"Scale `{scale}`, seed {seed}, backend `{backend}`. Each model is "
             "converted with `mpjax.apply_policy` (LayerNorm/GroupNorm and attention "
@@ -225,6 +247,12 @@ def report_text(
             "",
             under_table,
             "",
+            "## autocast against the hand-cast program",
+            "",
+            _AUTOCAST_TEXT,
+            "",
+            autocast_table,
+            "",
             "## Notes",
             "",
             "On CPU, XLA upcasts bfloat16/float16 matrix products and convolutions "
@@ -239,4 +267,39 @@ def report_text(
             *[f"![{f}]({f})" for f in figure_names],
             "",
         ]
+    )
+
+
+def products_table(products: Mapping[str, Mapping[str, Mapping[str, int]]], low: str):
+    """Markdown table of the products of the hand-cast and the autocast step.
+
+    Args:
+        products: ``{network: {configuration: {"lhs x rhs": count}}}`` as
+            :func:`experiments._amp_train.product_dtypes` returns.
+        low: the compute dtype, e.g. ``"bfloat16"``.
+    """
+    both = f"{low} x {low}"
+    rows = []
+    for name, counts in products.items():
+        hand, auto = counts[HAND_CAST], counts[AUTOCAST]
+        rows.append(
+            [
+                name,
+                sum(hand.values()),
+                hand.get(both, 0),
+                sum(auto.values()),
+                auto.get(both, 0),
+                fmt(products_match(hand, auto, low)),
+            ]
+        )
+    return markdown_table(
+        [
+            "network",
+            f"{HAND_CAST} products",
+            f"in {low}",
+            f"{AUTOCAST} products",
+            f"in {low}",
+            "match",
+        ],
+        rows,
     )

@@ -12,6 +12,7 @@ that loss scaling removes.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 import types
@@ -26,14 +27,19 @@ from flax import nnx
 
 import mpjax
 from experiments._amp_tasks import Task
+from experiments._jaxpr import equations
 
 __all__ = [
     "POLICIES",
+    "AUTOCAST",
+    "HAND_CAST",
     "REFERENCE",
     "Recipe",
     "RunRecord",
     "device_peak",
     "gradient_underflow",
+    "product_dtypes",
+    "products_match",
     "time_side_by_side",
     "train",
 ]
@@ -65,28 +71,45 @@ class Recipe:
             (:func:`mpjax.apply_policy` ``fp8=``): the fp8 state trains along
             with the parameters, the loss goes through :func:`mpjax.fp8_loss` and
             the optimizer is wrapped in :func:`mpjax.fp8_delayed_scaling`.
+        autocast: the model is left in float32 and its loss runs under
+            :func:`mpjax.autocast` with ``policy`` (products in the compute dtype,
+            the float32 list in float32), in a float32 train step, instead of
+            going through :func:`mpjax.apply_policy`.
     """
 
     policy: str
     optimizer: Callable[[float, int], optax.GradientTransformationExtraArgs]
     fp8: mpjax.Fp8Config | None = None
+    autocast: bool = False
+
+    @property
+    def step_policy(self) -> str:
+        """The policy of the model conversion, the train step and evaluation:
+        ``float32`` under autocast (it casts inside the loss), else ``policy``."""
+        return "float32" if self.autocast else self.policy
 
 
 #: Configurations compared by the pipeline, by label; :data:`REFERENCE` is the
 #: baseline the others must match. ``fp8``: bfloat16 compute with e4m3 operands
 #: and e5m2 gradients in every Linear/LinearGeneral/Einsum product (emulated on
-#: CPU), scales from a 16-step amax history.
+#: CPU), scales from a 16-step amax history. ``autocast_bfloat16``: the float32
+#: model's loss under :func:`mpjax.autocast` (the hand-cast ``mixed_bfloat16``
+#: program's products in bfloat16, found by rewriting the traced program).
 POLICIES: Mapping[str, Recipe] = types.MappingProxyType(
     {
         "float32": Recipe("float32", _adam),
         "mixed_bfloat16": Recipe("mixed_bfloat16", _adam),
         "mixed_float16": Recipe("mixed_float16", _adam_dynamic_scaling),
         "fp8": Recipe("mixed_bfloat16", _adam, fp8=mpjax.Fp8Config(history_length=16)),
+        "autocast_bfloat16": Recipe("mixed_bfloat16", _adam, autocast=True),
     }
 )
 
 #: Label of the reference configuration in :data:`POLICIES`.
 REFERENCE = "float32"
+
+#: The autocast configuration and the hand-cast one whose products it must match.
+AUTOCAST, HAND_CAST = "autocast_bfloat16", "mixed_bfloat16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +221,8 @@ def build_step(
     The model goes through :func:`mpjax.apply_policy` (with the recipe's fp8; the
     loss then goes through :func:`mpjax.fp8_loss` and the optimizer through
     :func:`mpjax.fp8_delayed_scaling`, which reads the model's config) and the
-    step is :func:`mpjax.make_train_step`.
+    step is :func:`mpjax.make_train_step`. Under an autocast recipe the model
+    stays float32 and the loss (and metric) run under :func:`mpjax.autocast`.
 
     Args:
         task: anything with ``model``, ``loss(model, batch)`` and ``metric``
@@ -210,8 +234,12 @@ def build_step(
     Returns:
         ``(step, initial state, loss_fn(params, batch), metric_fn or None)``.
     """
-    policy = mpjax.get_policy(recipe.policy)
+    policy = mpjax.get_policy(recipe.step_policy)
     loss_fn, params, metric_fn = _bind(task, policy, recipe.fp8)
+    if recipe.autocast:
+        loss_fn = mpjax.autocast(loss_fn, recipe.policy)
+        if metric_fn is not None:
+            metric_fn = mpjax.autocast(metric_fn, recipe.policy)
     optimizer = recipe.optimizer(learning_rate, steps)
     train_loss = loss_fn
     if recipe.fp8 is not None:
@@ -307,7 +335,7 @@ def train(task: Task, policy: str, *, steps: int | None = None) -> RunRecord:
     if not 1 <= steps <= total:
         raise ValueError(f"steps must be in [1, {total}], got {steps}.")
     stats_before = memory_stats()
-    mp_policy = mpjax.get_policy(recipe.policy)
+    mp_policy = mpjax.get_policy(recipe.step_policy)
     step, state, loss_fn, metric_fn = build_step(
         task, recipe, task.learning_rate, steps
     )
@@ -436,3 +464,46 @@ def gradient_underflow(
         )
         result[float(scale)] = lost / max(live, 1)
     return result
+
+
+def product_dtypes(task: Task, policy: str) -> dict[str, int]:
+    """Operand dtypes of every matrix product and convolution of one train step.
+
+    The step of ``task`` under the configuration ``policy`` of :data:`POLICIES` is
+    traced on the first batch (forward pass, backward pass and optimizer; the
+    bodies of ``jit``, ``custom_vjp`` and loops included) and its ``dot_general``
+    and ``conv_general_dilated`` equations are counted by operand dtypes.
+
+    Returns:
+        ``{"lhs x rhs": count}``, e.g. ``{"bfloat16 x bfloat16": 8}``.
+    """
+    recipe = _recipe(policy)
+    step, state, _, _ = build_step(task, recipe, task.learning_rate, 1)
+    batch = tuple(jnp.asarray(a[0]) for a in task.batches)
+    with jax.numpy_dtype_promotion("standard"):
+        jaxpr = jax.make_jaxpr(step)(state, batch)
+    counts: collections.Counter[str] = collections.Counter()
+    for eqn in equations(jaxpr):
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            lhs, rhs = (v.aval.dtype for v in eqn.invars[:2])
+            counts[f"{lhs} x {rhs}"] += 1
+    return dict(sorted(counts.items()))
+
+
+def products_match(hand: Mapping[str, int], auto: Mapping[str, int], low: str) -> bool:
+    """The CPU check of autocast against the hand-cast program: the same number of
+    products, all of autocast's with ``low`` operands, and at least as many in
+    ``low`` as the hand-cast program (which may keep some in float32).
+
+    >>> products_match({"bfloat16 x bfloat16": 8}, {"bfloat16 x bfloat16": 8},
+    ...                "bfloat16")
+    True
+    >>> products_match({"bfloat16 x bfloat16": 8},
+    ...                {"bfloat16 x bfloat16": 7, "float32 x float32": 1},
+    ...                "bfloat16")
+    False
+    """
+    both = f"{low} x {low}"
+    return sum(hand.values()) == sum(auto.values()) == auto.get(
+        both, 0
+    ) > 0 and auto.get(both, 0) >= hand.get(both, 0)

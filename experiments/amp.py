@@ -13,21 +13,25 @@ data (:mod:`experiments._data`) and tolerances (:mod:`experiments._amp_tasks`):
 
 Policies (:data:`POLICIES`, :mod:`experiments._amp_train`): ``float32`` and
 ``mixed_bfloat16`` (Adam, no loss scaling), ``mixed_float16`` with
-:func:`mpjax.dynamic_loss_scaling`, and ``fp8``: bfloat16 compute with every dense
-and attention product in fp8 (e4m3 operands, e5m2 gradients, delayed scaling from a
-16-step amax history; emulated on CPU). Every model goes through
+:func:`mpjax.dynamic_loss_scaling`, ``fp8``: bfloat16 compute with every dense and
+attention product in fp8 (e4m3 operands, e5m2 gradients, delayed scaling from a
+16-step amax history; emulated on CPU), and ``autocast_bfloat16``: the float32
+model's loss under :func:`mpjax.autocast`. Every other model goes through
 :func:`mpjax.apply_policy` (normalisation layers and attention softmax in float32)
-and :func:`mpjax.make_train_step`. Per network and policy the pipeline records the
-median step time, XLA's compiled memory (arguments, temporaries, outputs), the
-device allocator's peak memory (``n/a`` on CPU), final training and held-out loss
-(and held-out accuracy for the classifier and the encoder), skipped steps and the
-loss-scale trajectory, and compares each mixed run with float32 within the task's
-stated tolerances. It also measures the gradient underflow that loss scaling fixes:
-the share of gradient entries that are non-zero in float32 but flush to zero in
-float16 with a loss scale of 1, and with the dynamic scale the float16 run ended on.
+and all through :func:`mpjax.make_train_step`. Per network, the operand dtypes of
+every product of the autocast train step (forward, backward, optimizer) are compared
+with the hand-cast ``mixed_bfloat16`` step's. Per network and policy the pipeline
+records the median step time, XLA's compiled memory (arguments, temporaries,
+outputs), the device allocator's peak memory (``n/a`` on CPU), final training and
+held-out loss (and held-out accuracy for the classifier and the encoder), skipped
+steps and the loss-scale trajectory, and compares each mixed run with float32 within
+the task's stated tolerances. It also measures the gradient underflow that loss
+scaling fixes: the share of gradient entries that are non-zero in float32 but flush
+to zero in float16 with a loss scale of 1, and with the dynamic scale the float16
+run ended on.
 
 The quick scale (the main job) trains the MLP and the encoder; the standard and
-full scales train all three networks.
+full scales train all four.
 """
 
 from __future__ import annotations
@@ -38,14 +42,19 @@ from pathlib import Path
 import jax
 import numpy as np
 
+import mpjax
 from experiments import _amp_report
 from experiments._amp_tasks import Metric, Task, make_tasks
 from experiments._amp_train import (
+    AUTOCAST,
+    HAND_CAST,
     POLICIES,
     REFERENCE,
     Recipe,
     RunRecord,
     gradient_underflow,
+    product_dtypes,
+    products_match,
     time_side_by_side,
     train,
 )
@@ -53,6 +62,8 @@ from experiments._framework import capture_environment, resolve_scale, write_jso
 from experiments._report import fmt, markdown_table, run_caption
 
 __all__ = [
+    "AUTOCAST",
+    "HAND_CAST",
     "POLICIES",
     "REFERENCE",
     "UNDERFLOW_CHECK",
@@ -63,6 +74,8 @@ __all__ = [
     "gradient_underflow",
     "make_tasks",
     "metric_within",
+    "product_dtypes",
+    "products_match",
     "run",
     "time_side_by_side",
     "train",
@@ -151,6 +164,20 @@ def _record_json(rec: RunRecord, task: Task, ok: bool) -> dict:
     }
 
 
+def _compare_products(tasks: dict[str, Task], checks: dict, results: dict) -> str:
+    """Per network, the product dtypes of the autocast step against the hand-cast
+    one's: adds a check and the counts to ``results``; returns the table."""
+    low = str(mpjax.get_policy(POLICIES[AUTOCAST].policy).compute_dtype)
+    products = {}
+    for name, task in tasks.items():
+        counts = {p: product_dtypes(task, p) for p in (HAND_CAST, AUTOCAST)}
+        checks[
+            f"{name}/{AUTOCAST} runs every product in {low} where {HAND_CAST} does"
+        ] = products_match(counts[HAND_CAST], counts[AUTOCAST], low)
+        results[name]["product_operand_dtypes"] = products[name] = counts
+    return _amp_report.products_table(products, low)
+
+
 def run(
     out_dir: Path, *, quick: bool = True, seed: int = 0, scale: str | None = None
 ) -> dict:
@@ -215,6 +242,7 @@ def run(
         checks[
             f"{name}/dynamic scaling loses no more gradient entries than scale 1"
         ] = u[final_scales[name]] <= u[1.0]
+    autocast_table = _compare_products(tasks, checks, results)
     checks[UNDERFLOW_CHECK] = any(
         underflow_removed(u[1.0], u[final_scales[name]])
         for name, u in underflow.items()
@@ -237,6 +265,7 @@ def run(
         table=table,
         statements=statements,
         under_table=under_table,
+        autocast_table=autocast_table,
         tasks=tasks,
         figure_names=figure_names,
     )

@@ -12,7 +12,9 @@ import pytest
 from experiments import _amp_gpu_report, _jaxpr, amp_gpu
 
 
-def _results(device="NVIDIA H200", backend="gpu", fp8_ms=12.0, gemms=(4, 8)):
+def _results(
+    device="NVIDIA H200", backend="gpu", fp8_ms=12.0, gemms=(4, 8), autocast_ms=20.5
+):
     def run(ms, loss=1.0, fp8=None):
         return {
             "step_ms": ms,
@@ -39,8 +41,12 @@ def _results(device="NVIDIA H200", backend="gpu", fp8_ms=12.0, gemms=(4, 8)):
                 "float32 highest": run(237.0),
                 "mixed_bfloat16": run(20.0),
                 "fp8": run(fp8_ms, loss=1.05, fp8=counts),
+                "autocast_bfloat16": run(autocast_ms),
             },
-            "encoder": {"mixed_bfloat16": run(28.0)},
+            "encoder": {
+                "mixed_bfloat16": run(28.0),
+                "autocast_bfloat16": run(28.0),
+            },
         },
     }
 
@@ -51,7 +57,7 @@ def _checks(results):
 
 def test_checks_pass_when_every_target_is_met():
     checks = _checks(_results())
-    assert len(checks) == 6 and all(checks.values()), checks
+    assert len(checks) == 8 and all(checks.values()), checks
     row = _amp_gpu_report.rows(_results())[2]  # mlp, mixed_bfloat16
     assert row["tflops"] == pytest.approx(50.0)
     assert row["vs_float32"] == pytest.approx(43.0 / 20.0)
@@ -70,6 +76,10 @@ def test_checks_pass_when_every_target_is_met():
     [
         ({"fp8_ms": 15.0}, "mlp fp8 >= 1.4x mixed_bfloat16"),
         ({"gemms": (4, 7)}, "mlp fp8 step has 4 e4m3 x e4m3 and 8 e5m2 GEMMs"),
+        (
+            {"autocast_ms": 21.1},
+            "mlp autocast_bfloat16 within 5% of mixed_bfloat16's step time",
+        ),
     ],
 )
 def test_checks_fail_when_a_target_is_missed(change, failed):
@@ -82,8 +92,10 @@ def test_slow_encoder_budget_overrun_and_far_fp8_loss_fail():
     results["runs"]["encoder"]["mixed_bfloat16"]["step_ms"] = 31.0
     results["runs"]["mlp"]["fp8"]["loss_last"] = 1.2
     results["skipped"] = ["unet/fp8"]
+    del results["runs"]["encoder"]["autocast_bfloat16"]  # missing fails
     failed = {name for name, ok in _checks(results).items() if not ok}
     assert failed == {
+        "encoder autocast_bfloat16 within 5% of mixed_bfloat16's step time",
         "encoder mixed_bfloat16 <= 30 ms/step",
         "mlp fp8 loss within 10% of mixed_bfloat16",
         "every run inside the time budget",

@@ -50,8 +50,16 @@ def bert_task() -> amp.Task:
 
 def test_policies_start_with_the_reference_and_name_mpjax_policies():
     assert next(iter(amp.POLICIES)) == amp.REFERENCE == "float32"
-    assert list(amp.POLICIES) == ["float32", "mixed_bfloat16", "mixed_float16", "fp8"]
+    assert list(amp.POLICIES) == [
+        "float32",
+        "mixed_bfloat16",
+        "mixed_float16",
+        "fp8",
+        "autocast_bfloat16",
+    ]
     assert amp.POLICIES["fp8"].fp8 is not None
+    assert [p for p, r in amp.POLICIES.items() if r.autocast] == [amp.AUTOCAST]
+    assert amp.POLICIES[amp.AUTOCAST].policy == amp.POLICIES[amp.HAND_CAST].policy
     for label, recipe in amp.POLICIES.items():
         assert isinstance(recipe, amp.Recipe), label
         mpjax.get_policy(recipe.policy)  # raises for an unknown policy
@@ -213,6 +221,20 @@ def test_equinox_archetype_trains_under_every_policy_within_tolerance(equinox_ta
     )
     assert set(underflow) == {1.0, 2.0**15}
     assert all(0.0 <= v <= 1.0 for v in underflow.values())
+
+
+def test_autocast_runs_the_hand_cast_programs_products_in_bfloat16(equinox_task):
+    hand = amp.product_dtypes(equinox_task, amp.HAND_CAST)
+    auto = amp.product_dtypes(equinox_task, amp.AUTOCAST)
+    # three layers: three forward products, three weight gradients and two input
+    # gradients (none for the data) in both programs
+    assert hand == auto == {"bfloat16 x bfloat16": 8}
+    assert amp.products_match(hand, auto, "bfloat16")
+    assert amp.product_dtypes(equinox_task, "float32") == {"float32 x float32": 8}
+    # a product left in float32 by autocast fails the check
+    assert not amp.products_match(
+        hand, {"bfloat16 x bfloat16": 7, "float32 x float32": 1}, "bfloat16"
+    )
 
 
 def test_quick_scale_trains_the_mlp_and_the_encoder_and_the_others_all_four():
