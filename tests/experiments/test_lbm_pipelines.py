@@ -228,6 +228,7 @@ def test_ghia_table_is_read_by_column():
     assert x.shape == v.shape and np.isclose(v[1], 0.27485)
 
 
+@pytest.mark.slow
 def test_lbm_performance_tiny_artefacts_and_checks(performance):
     out = performance.out_dir
     for name in ("results.json", "REPORT.md", "mlups.png", "environment.json"):
@@ -282,6 +283,7 @@ def capsule_study(notebook_run):
     return notebook_run("lbm_capsule")
 
 
+@pytest.mark.slow
 def test_lbm_capsule_tiny_artefacts_checks_and_ordering(capsule_study):
     out = capsule_study.out_dir
     for name in ("results.json", "REPORT.md", "deformation.png", "convergence.png"):

@@ -32,7 +32,8 @@ def test_notebook_is_percent_format_calling_its_pipeline(name):
 
 # Tiny-scale wall times on a 2-core CPU decide what runs by default: the amp
 # pipeline trains three networks under three policies even at its tiny scale.
-_SLOW_AT_TINY = {"amp"}
+# the pipelines whose tiny runs take longest (the main job runs them all)
+_SLOW_AT_TINY = {"amp", "lbm_performance", "lbm_capsule", "number_range"}
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,9 @@ from experiments import number_range
 from lbm_jax.cases import prepare_case
 from mpjax import ProfileReport
 
+# the study's tiny run takes over a minute; the main job runs it at quick scale
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def study(notebook_run):

@@ -15,6 +15,7 @@ def _run_dirs(work):
     return sorted(p.name for p in work.iterdir() if p.is_dir())
 
 
+@pytest.mark.slow
 def test_interrupted_study_reuses_finished_runs_of_the_same_code(tmp_path, monkeypatch):
     monkeypatch.setenv(_framework.SCALE_ENV_VAR, "tiny")
     real = lbm_jax.cases.run_case

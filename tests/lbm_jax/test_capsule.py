@@ -243,6 +243,7 @@ def test_capsule_error_falls_with_radius():
     assert math.isfinite(errors[2]) and errors[2] < 0.06
 
 
+@pytest.mark.slow
 def test_capsule_resumes_from_a_checkpoint_bit_for_bit(small_capsule, tmp_path):
     # The uninterrupted run is the shared small capsule (one compilation fewer).
     full, full_dir = small_capsule

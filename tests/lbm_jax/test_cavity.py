@@ -82,6 +82,7 @@ def test_cavity_lattice_option_selects_3d():
         prepare_case("cavity3d", lattice="D2Q9")
 
 
+@pytest.mark.slow
 def test_cavity_d3q19_spanwise_periodic_matches_ghia_and_d2q9():
     # One periodic z layer: the D3Q19 lattice (moving wall, bounce-back) must give
     # the 2-D flow, so Ghia et al. apply to it too (~8500 steps on 34^2 cells).

@@ -347,7 +347,9 @@ def test_cli_bench_refuses_flags_a_mode_cannot_use(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("storage", ["fp32", "fp32,fp16s"])
+@pytest.mark.parametrize(
+    "storage", ["fp32", pytest.param("fp32,fp16s", marks=pytest.mark.slow)]
+)
 def test_cli_bench_collision_and_rounds_apply_in_every_mode(tmp_path, storage):
     path = tmp_path / "bench.json"
     argv = ["bench", "--lattice", "D2Q9", "--n", "16", "--steps", "2"]

@@ -73,6 +73,7 @@ def test_unconfined_geometry_is_validated():
         prepare_case("cylinder", n=8, u_ref=0.2)  # peak 1.5 u_ref = 0.3
 
 
+@pytest.mark.slow
 def test_schaefer_turek_2d2_at_d12():
     # The CI-sized version of the D = 20 benchmark below: 7,200 steps on 266 x 51
     # cells, about 8 s. Measured: St 0.284 (-5.3 %), cd_max +1.9 %, cl_max -8.5 %.
@@ -83,6 +84,7 @@ def test_schaefer_turek_2d2_at_d12():
     assert abs(s["cl_max_deviation"]) < 0.12
 
 
+@pytest.mark.slow
 def test_unconfined_karman_street_at_d8():
     # The CI-sized version of the D = 10 run below: 12,000 steps on 242 x 160 cells.
     # Measured: St 0.154 (published 0.164-0.169 at Re = 100; -7 % at D = 8),

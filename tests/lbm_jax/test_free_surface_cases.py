@@ -133,6 +133,7 @@ def impact_state(impact2d):
 # -- static drop: Laplace's law ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("radius", DROP_RADII)
 def test_static_drop_2d_obeys_laplace_law(drops2d, radius):
     s = drops2d[0][radius].summary
@@ -217,6 +218,7 @@ def test_total_mass_is_accurate_inside_compiled_code():
 # -- capillary wave -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_capillary_wave_matches_lambs_normal_mode(wave):
     s = wave
     assert s["n"] == 100 and s["depth"] == 50 and s["amplitude"] == 1.0
@@ -256,6 +258,7 @@ def _check_impact(summary: dict, series: dict) -> None:
     assert series["cavity_depth"].max() > 0  # the drop digs a cavity
 
 
+@pytest.mark.slow
 def test_drop_impact_2d_crown_grows_as_a_square_root(impact2d):
     result, out = impact2d
     s = result.summary

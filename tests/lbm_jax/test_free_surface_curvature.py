@@ -67,7 +67,9 @@ CURVATURE_TOLERANCE = {
 
 
 @pytest.mark.parametrize("offset", [0.0, 0.37], ids=["centred", "off-grid"])
-@pytest.mark.parametrize("radius", [4.0, 8.0, 16.0])
+@pytest.mark.parametrize(
+    "radius", [4.0, 8.0, pytest.param(16.0, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("method", ["height", "smoothed"])
 @pytest.mark.parametrize("dims", [2, 3])
 def test_curvature_methods_on_finely_sampled_drops(dims, method, radius, offset):

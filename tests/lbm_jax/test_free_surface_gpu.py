@@ -26,8 +26,16 @@ from ._gpu_pairs import compare_free_surface_steps, splash
 # formats, an unshifted one and the software-rounded posit
 CASES = [
     ("D2Q9", (24, 32), "fp32", dict()),
-    ("D2Q9", (24, 32), "fp16s", dict(collision="trt", smagorinsky=0.15)),
-    ("D3Q19", (10, 12, 16), "fp16c", dict(smagorinsky=0.1)),
+    pytest.param(
+        "D2Q9",
+        (24, 32),
+        "fp16s",
+        dict(collision="trt", smagorinsky=0.15),
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "D3Q19", (10, 12, 16), "fp16c", dict(smagorinsky=0.1), marks=pytest.mark.slow
+    ),
     pytest.param("D2Q9", (16, 24), "bf16", dict(shift=False), marks=pytest.mark.slow),
     pytest.param(
         "D2Q9", (16, 24), "posit16", dict(collision="trt"), marks=pytest.mark.slow
@@ -45,6 +53,7 @@ def test_gpu_free_surface_step_matches_the_xla_step(lattice, shape, storage, ext
     compare_free_surface_steps(fs, state, fused, 15)
 
 
+@pytest.mark.slow
 def test_gpu_free_surface_mass_is_conserved_over_a_long_run():
     """A fluid cell's mass follows its density change here, not a sum of link
     terms that cancel pairwise; the total still keeps to round-off."""
@@ -58,6 +67,7 @@ def test_gpu_free_surface_mass_is_conserved_over_a_long_run():
     assert abs(float(fs.total_mass(s)) / total - 1) < 1e-6
 
 
+@pytest.mark.slow
 def test_gpu_kernel_for_a_free_surface(monkeypatch):
     """``backend="auto"`` picks the GPU step where the fused GPU step runs (here
     made to, interpreted) and ``"gpu"`` requires it; on the CPU it is refused

@@ -117,6 +117,7 @@ def pairs():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_native_step_matches_the_xla_step(pairs, name):
     storage, state0, xla, native = pairs[name]

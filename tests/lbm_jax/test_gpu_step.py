@@ -79,9 +79,23 @@ def _compare(ref, fused, u0, steps, force=None):
 # appears, every lattice with walls and a force, both collision operators
 CASES = [
     ("D2Q9", (12, 40), "fp16c", dict(force=[1e-5, 2e-5])),
-    ("D3Q19", (6, 8, 20), "fp16s", dict(collision="trt", field=True)),
-    ("D3Q27", (5, 6, 18), "bf16", dict(shift=False, walls=False)),
-    ("D3Q19", (4, 6, 20), "posit16", dict(walls=False)),
+    pytest.param(
+        "D3Q19",
+        (6, 8, 20),
+        "fp16s",
+        dict(collision="trt", field=True),
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "D3Q27",
+        (5, 6, 18),
+        "bf16",
+        dict(shift=False, walls=False),
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        "D3Q19", (4, 6, 20), "posit16", dict(walls=False), marks=pytest.mark.slow
+    ),
     pytest.param(
         "D2Q9", (8, 24), "fp32", dict(collision="trt"), marks=pytest.mark.slow
     ),
@@ -126,6 +140,7 @@ def test_gpu_step_float64(monkeypatch, x64):
     _compare(ref, fused, _flow(3), 3)
 
 
+@pytest.mark.slow
 def test_gpu_step_per_call_force(monkeypatch):
     """A force given per call (a vector, then a field) replaces the own force."""
     shape = (6, 30)
@@ -136,7 +151,8 @@ def test_gpu_step_per_call_force(monkeypatch):
         _compare(ref, fused, _flow(2), 2, force=force)
 
 
-@pytest.mark.parametrize("steps", [pytest.param(4, marks=pytest.mark.slow), 7])
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [4, 7])
 def test_gpu_inplace_equals_two_buffer(monkeypatch, steps):
     """Esoteric pull in one buffer gives the two-buffer fused step's bits, for
     even and odd step counts, with walls, a moving lid and equilibrium cells."""
@@ -150,6 +166,7 @@ def test_gpu_inplace_equals_two_buffer(monkeypatch, steps):
     np.testing.assert_array_equal(np.asarray(c.f), np.asarray(b.f))
 
 
+@pytest.mark.slow
 def test_gpu_step_with_x_ghost_planes():
     """A sub-domain of a grid split along x, stepped with the neighbours' ghost
     planes, gives the whole grid's step on its planes (the step a device runs
@@ -175,7 +192,10 @@ def test_gpu_step_with_x_ghost_planes():
         assert close, f"sub-domain at x = {lo} differs (up to {worst} codes)"
 
 
-@pytest.mark.parametrize(("collision", "storage"), [("bgk", "fp32"), ("trt", "fp16s")])
+@pytest.mark.parametrize(
+    ("collision", "storage"),
+    [pytest.param("bgk", "fp32", marks=pytest.mark.slow), ("trt", "fp16s")],
+)
 def test_gpu_step_with_the_smagorinsky_model(collision, storage):
     """The subgrid model's per-cell rates (which the free-surface impacts use)
     in the fused step: one step of a sheared flow under a force, as the XLA

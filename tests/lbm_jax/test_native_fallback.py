@@ -98,6 +98,7 @@ def test_failing_compiler_falls_back_and_is_remembered(tmp_path):
     assert _compiles(log) == attempts  # the second process compiled nothing
 
 
+@pytest.mark.slow
 @needs_capable_cpu
 def test_processes_building_at_once_compile_once(tmp_path):
     """Two processes (test workers, say) needing the same build at the same time:

@@ -260,7 +260,7 @@ def small_slabs(monkeypatch):
 
 SLAB_CASES = [
     ("D2Q9", (12, 8), "fp32", None),
-    ("D3Q19", (8, 6, 4), "fp16s", 2),
+    pytest.param("D3Q19", (8, 6, 4), "fp16s", 2, marks=pytest.mark.slow),
     pytest.param("D3Q19", (8, 6, 4), "fp16s", None, marks=pytest.mark.slow),
     pytest.param("D3Q27", (6, 4, 4), "FP32/bfloat16", None, marks=pytest.mark.slow),
     pytest.param("D2Q9", (12, 8), "fp16c", 2, marks=pytest.mark.slow),

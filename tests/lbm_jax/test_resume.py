@@ -45,6 +45,7 @@ def _kill_after_two_checkpoints(argv: list[str], out: Path) -> None:
 
 # The 16-bit storage is the harder case (its codec must round-trip through the
 # checkpoint); FP32 runs with the slow tests to keep the default run short.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "storage", [pytest.param("fp32", marks=pytest.mark.slow), "fp16s"]
 )

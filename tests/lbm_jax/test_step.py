@@ -160,7 +160,7 @@ def test_poiseuille_bgk_slip_off_magic_tau(x64):
 @pytest.mark.parametrize(
     ("lattice", "shape", "kwargs"),
     [
-        ("D3Q19", (8, 5, 4), {"collision": "trt"}),
+        pytest.param("D3Q19", (8, 5, 4), {"collision": "trt"}, marks=pytest.mark.slow),
         (
             "D2Q9",
             (12, 8),

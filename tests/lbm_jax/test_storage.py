@@ -111,6 +111,7 @@ def test_fp32_storage_is_exact():
     np.testing.assert_array_equal(pol.decode(pol.encode(x)), x)
 
 
+@pytest.mark.slow
 def test_posit16s_taylor_green_stays_close_to_fp32():
     # posit16s moves posit16's most precise region onto the shifted populations
     # (tests/lbm_jax/test_population_range.py); measured at n=32 relative to the

@@ -98,6 +98,7 @@ NAMES = ["mlp", "unet", "bert"]
 LEARNED = {"mlp": 0.6, "unet": 0.6, "bert": 0.75}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_float32_training_learns(runs, name):
     record = runs[name, "float32"]
@@ -107,6 +108,7 @@ def test_float32_training_learns(runs, name):
         assert record.eval_metric > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "policy", "reference"),
     [
@@ -132,6 +134,7 @@ def test_mixed_training_reaches_reference_loss(tasks, runs, name, policy, refere
         assert gap <= task.metric.atol
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_float16_run_is_loss_scaled(runs, name):
     record = runs[name, "mixed_float16"]
@@ -145,6 +148,7 @@ def test_float16_run_is_loss_scaled(runs, name):
         assert runs[name, policy].skipped == 0
 
 
+@pytest.mark.slow
 def test_mixed_policies_store_float32_master_params(runs):
     for (_, policy), record in runs.items():
         # the fp8 state (int32 bit patterns of scales and histories) is not a weight
@@ -153,6 +157,7 @@ def test_mixed_policies_store_float32_master_params(runs):
         assert dtypes == {np.dtype(np.float32)}, policy
 
 
+@pytest.mark.slow
 def test_float16_without_loss_scaling_loses_gradients(tasks, runs):
     task = tasks["mlp"]
     params = runs["mlp", "mixed_float16"].params

@@ -390,6 +390,7 @@ def test_fp8_delayed_scaling_rejects_bad_input():
         tx.update(params, tx.init(params))
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion
 def test_digits_mlp_fp8_matches_bfloat16():
     from experiments import _data, _models
