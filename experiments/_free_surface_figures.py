@@ -19,8 +19,8 @@ import numpy as np
 from experiments._lbm_figures import LABEL_KEY, distinct_colours, metric
 from experiments._report import new_figure
 from experiments.lbm_accuracy import storage_label
-from lbm_jax._plot import ceiling_line, vertical_label
 from lbm_jax.cases.free_surface import RAINDROP
+from lbm_jax.io._plot import ceiling_line, vertical_label
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from experiments._report import new_figure, save_figure
-from lbm_jax._plot import VORTICITY_LABEL, vorticity_image
 from lbm_jax.cases.cavity import centre_lines
+from lbm_jax.io._plot import VORTICITY_LABEL, vorticity_image
 
 __all__ = [
     "CASE_NAMES",
@@ -389,7 +389,7 @@ def build_vorticity_figure(
 ) -> Any:
     """The final vorticity of every stable run, the cylinder drawn, one colour scale.
 
-    Drawn by :func:`lbm_jax._plot.vorticity_image`: lattice units (1 / time step),
+    Drawn by :func:`lbm_jax.io._plot.vorticity_image`: lattice units (1 / time step),
     axes in cells, the colour range set by the first run. The cylinder comes from
     the ``body`` mask the case writes (``history["body"]``). Runs without a velocity
     field (unstable ones) are left out.

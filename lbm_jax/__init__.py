@@ -12,18 +12,6 @@ float64 for the arithmetic, once per fused streaming + collision step.
 """
 
 from lbm_jax import bench, cases, free_surface, ibm
-from lbm_jax._checkpoint import Checkpoint, ResumeError, code_version
-from lbm_jax._io import load_state, save_state, write_vti, write_vtp
-from lbm_jax._loop import History
-from lbm_jax._outputs import FolderInUseError
-from lbm_jax._run import (
-    InstabilityError,
-    RunResult,
-    RunStats,
-    Samples,
-    run,
-)
-from lbm_jax._stop import relative_change, steady
 from lbm_jax.core._boundaries import CellType
 from lbm_jax.core._collision import Collision, CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice, list_lattices
@@ -34,6 +22,18 @@ from lbm_jax.core._storage import (
     list_storages,
 )
 from lbm_jax.core._units import CS2, MAX_MACH, MAX_SPEED, MIN_TAU
+from lbm_jax.io._files import load_state, save_state, write_vti, write_vtp
+from lbm_jax.io._outputs import FolderInUseError
+from lbm_jax.runs._checkpoint import Checkpoint, ResumeError, code_version
+from lbm_jax.runs._driver import (
+    InstabilityError,
+    RunResult,
+    RunStats,
+    Samples,
+    run,
+)
+from lbm_jax.runs._loop import History
+from lbm_jax.runs._stop import relative_change, steady
 from lbm_jax.sim._decomp import to_host
 from lbm_jax.sim._observables import (
     density,

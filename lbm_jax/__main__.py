@@ -76,8 +76,8 @@ run's outputs as they were and no partial file. Unless
 ``XLA_FLAGS`` is already set, the host platform is split into one device per CPU
 core.
 
-The parser, built from the cases' declared options, is :mod:`lbm_jax._cli_parser`;
-the commands are :mod:`lbm_jax._cli_commands`.
+The parser, built from the cases' declared options, is :mod:`lbm_jax.cli._parser`;
+the commands are :mod:`lbm_jax.cli._commands`.
 """
 
 from __future__ import annotations
@@ -94,14 +94,14 @@ import traceback  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from lbm_jax._cli_commands import (  # noqa: E402
+from lbm_jax.cli._commands import (  # noqa: E402
     EXPECTED_FAILURES,
     bench_command,
     build_native_command,
     explain_failure,
     run_command,
 )
-from lbm_jax._cli_parser import build_parser  # noqa: E402
+from lbm_jax.cli._parser import build_parser  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 

@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lbm_jax._cli_parser import Parser, choice_of
+from lbm_jax.cli._parser import Parser, choice_of
 from lbm_jax.step._backend import BACKENDS
 
 __all__ = ["TARGET_RATIO", "bench_free_surface", "main"]

@@ -58,7 +58,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from lbm_jax._cli_parser import Parser
+from lbm_jax.cli._parser import Parser
 
 __all__ = [
     "OPERATIONS",

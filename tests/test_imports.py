@@ -4,7 +4,7 @@
   module level, inside functions and under ``TYPE_CHECKING`` alike, since each
   one ties the two modules together for a reader and a refactoring.
 * No private names across modules: ``from x import _name`` is allowed only when
-  ``x._name`` is a module (``from lbm_jax import _io``), never for a private
+  ``x._name`` is a module (``from lbm_jax.io import _files``), never for a private
   function, class or constant. A name used by another module is public in its
   home module (ruff's ``SLF`` rule catches ``x._name`` attribute access).
 """

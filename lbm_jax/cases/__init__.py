@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._checkpoint import Checkpoint, ResumeError, check_same, code_version
-from lbm_jax._outputs import folder_lock, is_empty, write_set
 from lbm_jax.cases import _common
 from lbm_jax.cases._common import CASE_INFO, CLI_OPTIONS, CaseInfo, CaseSetup, CliOption
+from lbm_jax.io._outputs import folder_lock, is_empty, write_set
+from lbm_jax.runs._checkpoint import Checkpoint, ResumeError, check_same, code_version
 
 __all__ = [
     "CASES",
@@ -393,13 +393,13 @@ def _write(
     setup: CaseSetup,
 ) -> tuple[Path, ...]:
     """Write a run's outputs into the (existing) folder ``out``; their paths."""
-    from lbm_jax import _io, _plot
+    from lbm_jax.io import _files, _plot
 
     files = []
     npz = out / "fields.npz"
     np.savez_compressed(npz, **fields, **extras)
     files.append(npz)
-    files.append(_io.write_vti(out / "fields.vti", fields))
+    files.append(_files.write_vti(out / "fields.vti", fields))
     files.append(_write_json(out / "summary.json", summary))
     title = f"{setup.case} ({summary['storage']}, step {summary['steps']})"
     solid = {"solid": extras["body"]} if "body" in extras else {}  # e.g. a cylinder

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from lbm_jax._checkpoint import Checkpoint
 from lbm_jax.core._collision import Collision
 from lbm_jax.core._lattice import get_lattice, list_lattices
 from lbm_jax.core._storage import StoragePolicy, get_storage
 from lbm_jax.core._units import check_mach, mach, viscosity
 from lbm_jax.core._validation import check_int, check_real
 from lbm_jax.ibm._membrane import LAWS
+from lbm_jax.runs._checkpoint import Checkpoint
 
 __all__ = [
     "CASE_INFO",

@@ -65,7 +65,7 @@ def _drive(
 ) -> Any:
     """The case's run through the one run driver: ``setup.steps`` steps of the
     free surface, checked by its health test, ``observe`` sampled ``every`` steps."""
-    from lbm_jax._run import run
+    from lbm_jax.runs._driver import run
 
     return run(
         fs.step,
@@ -257,7 +257,7 @@ def run_impact(setup: CaseSetup, driver: dict[str, Any]) -> tuple:
 
 
 def write_static_drop(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
+    from lbm_jax.io import _plot
 
     phi = fields["phi"]
     plane = phi if phi.ndim == 2 else phi[:, :, phi.shape[2] // 2]
@@ -273,7 +273,7 @@ def write_static_drop(out: Path, summary: dict, fields: dict, extras: dict) -> l
 
 
 def write_capillary_wave(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
+    from lbm_jax.io import _plot
 
     return [
         _plot.save_figure(
@@ -292,7 +292,7 @@ def write_capillary_wave(out: Path, summary: dict, fields: dict, extras: dict) -
 
 
 def write_impact(out: Path, summary: dict, fields: dict, extras: dict) -> list:
-    from lbm_jax import _plot
+    from lbm_jax.io import _plot
 
     name = "raindrop" if summary["case"] == "raindrop" else "drop impact"
     title = f"{name}, D = {summary['n']} cells ({summary['storage']})"

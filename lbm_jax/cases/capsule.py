@@ -360,9 +360,9 @@ def _drive(setup: CaseSetup, ib: Any, state: Any, driver: dict[str, Any]) -> Any
     deformation is steady."""
     import jax.numpy as jnp
 
-    from lbm_jax._run import run
-    from lbm_jax._stop import steady
     from lbm_jax.ibm import area, shear_plane_deformation, volume
+    from lbm_jax.runs._driver import run
+    from lbm_jax.runs._stop import steady
 
     opts = setup.options
     gamma, ca = opts["shear_rate"], opts["ca"]
@@ -497,7 +497,7 @@ def _write_files(
     out: Path, summary: dict[str, Any], fields: dict, extras: dict
 ) -> list[Path]:
     """``membrane.npz``, ``membrane.vtp`` and the figures D(t) and a snapshot."""
-    from lbm_jax import _io, _plot
+    from lbm_jax.io import _files, _plot
 
     files = []
     npz = out / "membrane.npz"
@@ -510,7 +510,7 @@ def _write_files(
     )
     files.append(npz)
     files.append(
-        _io.write_vtp(
+        _files.write_vtp(
             out / "membrane.vtp",
             extras["nodes"],
             extras["faces"],

@@ -212,8 +212,8 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._run import run
-    from lbm_jax._stop import relative_change, steady
+    from lbm_jax.runs._driver import run
+    from lbm_jax.runs._stop import relative_change, steady
     from lbm_jax.sim._observables import velocity
 
     d = 2 if setup.lattice == "D2Q9" else 3

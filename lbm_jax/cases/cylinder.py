@@ -333,7 +333,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 
 
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
-    from lbm_jax._run import run
+    from lbm_jax.runs._driver import run
     from lbm_jax.sim._observables import momentum_exchange_force
 
     geo = _geometry(setup)

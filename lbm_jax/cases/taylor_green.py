@@ -123,7 +123,7 @@ def build(setup: CaseSetup) -> tuple[Any, Any]:
 def _run(setup: CaseSetup, driver: dict[str, Any]) -> tuple[dict, dict, dict]:
     import jax.numpy as jnp
 
-    from lbm_jax._run import run
+    from lbm_jax.runs._driver import run
     from lbm_jax.sim._observables import velocity
 
     n, nu, u0 = setup.n, setup.nu, setup.u_ref

@@ -225,7 +225,7 @@ def _units_in_colour_bar(fig):
 
 
 def test_vorticity_figure_draws_the_cylinder_with_units():
-    from lbm_jax import _plot
+    from lbm_jax.io import _plot
 
     u, body = _cylinder_flow()
     fig = _plot.vorticity_figure(u, solid=body)

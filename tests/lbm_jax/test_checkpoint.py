@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import lbm_jax
-from lbm_jax import Checkpoint, Simulation, _io, _transfer, run
-from lbm_jax._checkpoint import source_files
+from lbm_jax import Checkpoint, Simulation, run
+from lbm_jax.io import _files, _transfer
+from lbm_jax.runs._checkpoint import source_files
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +184,7 @@ def test_resume_refuses_another_runs_checkpoint(sim, tmp_path):
 
 
 def test_a_failed_save_leaves_no_partial_file(sim, tmp_path, monkeypatch):
-    write_npy = _io.write_npy
+    write_npy = _files.write_npy
     calls = []
 
     def full(*args, **kwargs):  # the disk fills up after the first leaf
@@ -192,7 +193,7 @@ def test_a_failed_save_leaves_no_partial_file(sim, tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return write_npy(*args, **kwargs)
 
-    monkeypatch.setattr(_io, "write_npy", full)
+    monkeypatch.setattr(_files, "write_npy", full)
     with pytest.raises(OSError, match="No space left on device"):
         run(sim, _start(sim), 40, checkpoint=Checkpoint(tmp_path, every=20))
     assert calls == ["leaf_0", "leaf_1"]

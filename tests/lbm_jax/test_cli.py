@@ -210,7 +210,7 @@ def test_capillary_wave_refusal_names_flags_that_exist(tmp_path, capsys):
 def test_raindrop_summary_line_shows_whether_tau_was_raised():
     from types import SimpleNamespace
 
-    from lbm_jax._cli_commands import short_summary
+    from lbm_jax.cli._commands import short_summary
 
     summary = {
         "case": "raindrop", "lattice": "D3Q19", "n": 20, "steps": 10, "shift": True,
@@ -434,8 +434,8 @@ def test_cli_capsule_defaults_are_sized_for_the_backend(tmp_path, capsys, monkey
     import jax
 
     import lbm_jax.cases as cases
-    from lbm_jax._cli_commands import sized_defaults_note
     from lbm_jax.cases._common import device_defaults
+    from lbm_jax.cli._commands import sized_defaults_note
 
     if jax.default_backend() != "cpu":
         pytest.skip("the CPU-sized defaults are checked on a CPU backend")

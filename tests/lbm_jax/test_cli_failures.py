@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import lbm_jax
-from lbm_jax import _io
 from lbm_jax.__main__ import main
 from lbm_jax.cases import RUN_FILE, run_case
+from lbm_jax.io import _files
 
 # a lid at Mach 0.35 over a nearly inviscid cavity: unstable within 100 steps
 UNSTABLE = ["cavity", "--n", "16", "--re", "5000", "--u-ref", "0.2", "--steps", "3000"]
@@ -46,7 +46,7 @@ def test_an_instability_is_one_message_and_exit_1(tmp_path, capsys):
     assert main(["--debug", "run", *UNSTABLE, "--out", str(tmp_path / "b")]) == 1
     err = "\n".join(_messages(capsys.readouterr().err))
     assert err.startswith("Traceback (most recent call last):")
-    assert "lbm_jax._run.InstabilityError" in err
+    assert "lbm_jax.runs._driver.InstabilityError" in err
     assert err.strip().splitlines()[-1] == lines[0]
 
 
@@ -60,7 +60,7 @@ def test_a_full_disk_is_one_message_and_exit_2(tmp_path, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(_io, "write_vti", full)
+    monkeypatch.setattr(_files, "write_vti", full)
     assert main([*argv, "--steps", "4", "--overwrite"]) == 2
     err = "\n".join(_messages(capsys.readouterr().err))
     assert err.startswith("error: No space left on device. No file was left")

@@ -117,7 +117,7 @@ def test_unconfined_karman_street_strouhal():
 
 
 def test_case_figures_draw_the_cylinder(tmp_path, monkeypatch):
-    import lbm_jax._plot as plot
+    import lbm_jax.io._plot as plot
 
     seen = {}
     for name in ("vorticity_figure", "velocity_magnitude_figure"):

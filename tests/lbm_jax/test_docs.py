@@ -14,7 +14,9 @@ from tests._docs import DOCS, block_after
 
 
 def test_the_driver_documents_a_coupled_step():
-    assert doctest.testmod(importlib.import_module("lbm_jax._run")).attempted >= 10
+    assert (
+        doctest.testmod(importlib.import_module("lbm_jax.runs._driver")).attempted >= 10
+    )
 
 
 def test_guide_coupled_step_example_runs(capsys):

@@ -398,7 +398,7 @@ def _covered_by_legend(fig, ax) -> bool:
 
 
 def test_free_surface_and_capsule_figures_keep_legends_off_the_data():
-    from lbm_jax import _plot
+    from lbm_jax.io import _plot
 
     x = np.arange(64)
     top = 2.0 + np.where(np.abs(x - 50) < 8, 0.8, 0.0)  # a crown on the right

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from lbm_jax import Simulation, _transfer, load_state, save_state, write_vti
-from lbm_jax._io import write_vtp
+from lbm_jax import Simulation, load_state, save_state, write_vti
+from lbm_jax.io import _transfer
+from lbm_jax.io._files import write_vtp
 
 
 @pytest.fixture(scope="module", params=["fp32", "fp16c"])

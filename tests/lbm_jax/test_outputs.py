@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lbm_jax import _io, _plot
-from lbm_jax._outputs import LOCK_FILE, FolderInUseError, folder_lock, write_set
 from lbm_jax.cases import run_case
+from lbm_jax.io import _files, _plot
+from lbm_jax.io._outputs import LOCK_FILE, FolderInUseError, folder_lock, write_set
 
 RUN = {"n": 8, "steps": 2}
 
@@ -33,7 +33,7 @@ def _disk_full(write):
 
 
 @pytest.mark.parametrize(
-    ("module", "name"), [(_io, "write_vti"), (_plot, "save_figure")]
+    ("module", "name"), [(_files, "write_vti"), (_plot, "save_figure")]
 )
 def test_overwrite_on_a_full_disk_keeps_the_previous_outputs(
     tmp_path, monkeypatch, module, name
@@ -104,7 +104,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(tmp_path):
 def test_the_lock_is_released_when_its_holder_is_killed(tmp_path):
     hold = (
         "import sys, time\n"
-        "from lbm_jax._outputs import folder_lock\n"
+        "from lbm_jax.io._outputs import folder_lock\n"
         "with folder_lock(sys.argv[1]):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(600)\n"

@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lbm_jax._loop import History
 from lbm_jax.core._validation import check_int, renamed_keyword
+from lbm_jax.runs._loop import History
 
 __all__ = ["relative_change", "steady"]
 

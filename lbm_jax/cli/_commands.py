@@ -2,7 +2,7 @@
 ``build-native``.
 
 Each command takes the parsed arguments and its own parser
-(:mod:`lbm_jax._cli_parser`), validates every argument before anything is
+(:mod:`lbm_jax.cli._parser`), validates every argument before anything is
 compiled (an invalid one exits with status 2 through ``parser.error``, with a
 message that names the flag: :func:`as_flags` rewrites the library's parameter
 names as flags), runs, prints and returns the exit status.
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lbm_jax._cli_parser import RUN_ARGUMENTS, flag_of, show_value
-from lbm_jax._outputs import FolderInUseError, write_set
-from lbm_jax._run import InstabilityError
+from lbm_jax.cli._parser import RUN_ARGUMENTS, flag_of, show_value
+from lbm_jax.io._outputs import FolderInUseError, write_set
+from lbm_jax.runs._driver import InstabilityError
 
 if TYPE_CHECKING:
     from lbm_jax.cases import CaseResult, CaseSetup
@@ -165,8 +165,8 @@ def _run_arguments(
     With ``--resume DIR`` they come from ``DIR/run.json``; options given on the
     command line as well must agree with them (``run_case`` checks).
     """
-    from lbm_jax._checkpoint import ResumeError
     from lbm_jax.cases import CLI_OPTIONS, read_run_record
+    from lbm_jax.runs._checkpoint import ResumeError
 
     given = {
         name: getattr(args, name)
@@ -220,8 +220,8 @@ def _run_case(
     args: argparse.Namespace,
     parser: argparse.ArgumentParser,
 ) -> int:
-    from lbm_jax._checkpoint import ResumeError
     from lbm_jax.cases import make_out_dir, prepare_case, run_case
+    from lbm_jax.runs._checkpoint import ResumeError
 
     resume = args.resume is not None
     try:

@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from lbm_jax._io import load_state, read_metadata, save_state
 from lbm_jax.core._validation import check_int
+from lbm_jax.io._files import load_state, read_metadata, save_state
 
 __all__ = ["Checkpoint", "ResumeError", "check_same", "code_version"]
 
@@ -64,7 +64,7 @@ def code_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     digest = hashlib.sha256()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     for source in source_files():
         digest.update(source.relative_to(root).as_posix().encode())
         digest.update(source.read_bytes())
@@ -74,7 +74,7 @@ def code_version() -> str:
 def source_files() -> list[Path]:
     """The files whose content decides the results: every ``.py`` file of
     ``lbm_jax`` and ``mpjax`` and the C++ sources the native steps compile."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     files = [f for p in ("lbm_jax", "mpjax") for f in (root / p).rglob("*.py")]
     native = root / "lbm_jax" / "step" / "_native"
     files += [f for pattern in ("*.cc", "*.h") for f in native.glob(pattern)]

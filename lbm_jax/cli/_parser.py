@@ -4,7 +4,7 @@
 own arguments (:data:`RUN_ARGUMENTS`, the output and checkpoint flags) and every
 case option of :data:`lbm_jax.cases.CLI_OPTIONS`, each flag spelled from its
 parameter name (:func:`flag_of`); ``bench`` and ``build-native`` take theirs. The
-commands themselves are :mod:`lbm_jax._cli_commands`.
+commands themselves are :mod:`lbm_jax.cli._commands`.
 """
 
 from __future__ import annotations

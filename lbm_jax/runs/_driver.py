@@ -59,7 +59,7 @@ True
 """
 
 # long: the driver, its resume from checkpoints and its length estimate share one
-# host loop; they move apart with the run/ folder
+# host loop
 from __future__ import annotations
 
 import dataclasses
@@ -73,10 +73,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from lbm_jax._checkpoint import Checkpoint, ResumeError
-from lbm_jax._loop import History, Plan, run_chunk, split
 from lbm_jax.core._units import CS, MAX_SPEED
 from lbm_jax.core._validation import check_int, check_steps, renamed_keyword
+from lbm_jax.runs._checkpoint import Checkpoint, ResumeError
+from lbm_jax.runs._loop import History, Plan, run_chunk, split
 from lbm_jax.sim._simulation import LBMState, Simulation
 
 __all__ = [

@@ -36,8 +36,8 @@ import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 & co. as NumPy dtype names)
 import numpy as np
 
-from lbm_jax._outputs import fsync_directory
-from lbm_jax._transfer import (
+from lbm_jax.io._outputs import fsync_directory
+from lbm_jax.io._transfer import (
     bits,
     bits_dtype,
     host_chunks,
