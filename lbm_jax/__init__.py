@@ -11,7 +11,9 @@ float64 for the arithmetic, once per fused streaming + collision step.
 (32, 16)
 """
 
-from lbm_jax import bench, cases, free_surface, ibm
+import importlib
+
+from lbm_jax import cases, free_surface, ibm
 from lbm_jax.core._boundaries import CellType
 from lbm_jax.core._collision import Collision, CollisionModel
 from lbm_jax.core._lattice import Lattice, get_lattice, list_lattices
@@ -90,3 +92,11 @@ __all__ = [
     "write_vti",
     "write_vtp",
 ]
+
+
+def __getattr__(name: str):
+    # The benchmarks (``python -m lbm_jax bench``) are loaded when first used, not
+    # with the package: ``lbm_jax.bench`` and ``from lbm_jax import bench`` work.
+    if name == "bench":
+        return importlib.import_module("lbm_jax.bench")
+    raise AttributeError(f"module 'lbm_jax' has no attribute {name!r}")

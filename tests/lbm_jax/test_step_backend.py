@@ -110,6 +110,18 @@ def test_importing_the_package_leaves_the_warning_filters_alone():
     assert done.returncode == 0, done.stderr
 
 
+def test_the_benchmarks_load_when_first_used():
+    code = (
+        "import sys, lbm_jax; "
+        "assert not [m for m in sys.modules if m.startswith('lbm_jax.bench')]; "
+        "assert callable(lbm_jax.bench.bench); "
+        "from lbm_jax import bench; assert bench is sys.modules['lbm_jax.bench']; "
+        "assert not hasattr(lbm_jax, 'benchmark')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_free_surface_asks_for_what_its_simulation_was_asked_for():
     sim = lbm_jax.Simulation("D2Q9", (16, 16), tau=0.8, backend="xla")
     assert sim.backend_requested == "xla"
