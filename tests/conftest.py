@@ -18,7 +18,22 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 # most of its memory up front.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# One compilation cache for the whole run, its worker processes and the processes
+# tests start: a program that another test builds again from a new closure (the
+# same simulation, the same train step) is compiled once. The folder is new for
+# each run and removed after it (nothing carries over between runs); the first
+# process to load this file makes it and the workers inherit it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="lbm_jax_tests_compiled_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

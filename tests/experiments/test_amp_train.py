@@ -237,6 +237,7 @@ def test_autocast_runs_the_hand_cast_programs_products_in_bfloat16(equinox_task)
     )
 
 
+@pytest.mark.slow
 def test_quick_scale_trains_the_mlp_and_the_encoder_and_the_others_all_four():
     quick = amp.make_tasks("quick")
     assert list(quick) == ["mlp", "bert"]

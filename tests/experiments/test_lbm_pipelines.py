@@ -368,6 +368,7 @@ def raindrop_study(notebook_run):
     return notebook_run("lbm_raindrop")
 
 
+@pytest.mark.slow
 def test_lbm_raindrop_tiny_artefacts_checks_and_comparison(raindrop_study):
     out = raindrop_study.out_dir
     for name in (

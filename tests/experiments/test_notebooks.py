@@ -33,7 +33,13 @@ def test_notebook_is_percent_format_calling_its_pipeline(name):
 # Tiny-scale wall times on a 2-core CPU decide what runs by default: the amp
 # pipeline trains three networks under three policies even at its tiny scale.
 # the pipelines whose tiny runs take longest (the main job runs them all)
-_SLOW_AT_TINY = {"amp", "lbm_performance", "lbm_capsule", "number_range"}
+_SLOW_AT_TINY = {
+    "amp",
+    "lbm_performance",
+    "lbm_capsule",
+    "lbm_raindrop",
+    "number_range",
+}
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,7 @@ def test_membrane_at_rest_in_fluid_at_rest_stays_at_rest():
     assert float(jnp.max(jnp.abs(u))) < 1e-7
 
 
+@pytest.mark.slow
 def test_deformed_capsule_relaxes_with_zero_net_momentum():
     ib = _box()
     ref = ib.membrane.reference_nodes

@@ -58,6 +58,7 @@ def test_cavity_re100_at_128_matches_ghia_within_002():
     assert res.fields["u"][0, :, -1].mean() > 0.3 * s["u_ref"]
 
 
+@pytest.mark.slow
 def test_cavity3d_d3q19_smoke():
     res = run_case("cavity3d", n=24, steps=800, check_every=400)
     s = res.summary

@@ -281,6 +281,7 @@ def test_drop_impact_3d_crown_grows_as_a_square_root(impact3d):
     assert not np.any(fluid & _near(lbm_jax.get_lattice("D3Q19"), gas))
 
 
+@pytest.mark.slow
 def test_a_short_impact_leaves_the_crown_exponent_unset_and_says_why():
     # 80 steps: contact at step 20, t U / D = 0.1 at step 60: two samples to fit
     s = run_case("drop_impact", dims=2, steps=80).summary

@@ -141,6 +141,7 @@ def test_native_step_matches_the_xla_step(pairs, name):
         assert abs(_exact_mass(state) / total - 1) < 1e-7, _exact_mass(state) - total
 
 
+@pytest.mark.slow
 def test_gas_and_solid_cells_hold_the_rest_populations(pairs):
     # the native step writes only the liquid's cells: the others must hold the
     # rest populations from the start (FreeSurface.init) and keep them
@@ -173,7 +174,14 @@ def _native_step(shape: tuple[int, ...], threads: int):
 
 
 # one row of tiles per x-plane; several rows; rows of several tiles along z
-@pytest.mark.parametrize("shape", [(5, 9, 12), (13, 8, 12), (4, 48, 24), (3, 5, 1100)])
+@pytest.mark.parametrize(
+    "shape",
+    [(5, 9, 12)]
+    + [
+        pytest.param(s, marks=pytest.mark.slow)
+        for s in ((13, 8, 12), (4, 48, 24), (3, 5, 1100))
+    ],
+)
 def test_the_in_place_step_does_not_depend_on_the_runs_of_planes(shape):
     # the step runs in place, in runs of x-planes (one per thread, at most one
     # per plane), each plane in rows of tiles stored one row late, with copies

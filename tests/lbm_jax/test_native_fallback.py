@@ -155,7 +155,7 @@ def test_unusable_cache_falls_back(tmp_path, where):
     [
         ("x86_64:sse2,avx", "this CPU lacks AVX2, FMA, F16C"),
         pytest.param("x86_64:avx2,fma", "this CPU lacks F16C", marks=pytest.mark.slow),
-        ("aarch64", "this machine is aarch64"),
+        pytest.param("aarch64", "this machine is aarch64", marks=pytest.mark.slow),
     ],
 )
 def test_other_cpus_fall_back_without_compiling(tmp_path, cpu, fragment):

@@ -61,6 +61,7 @@ def _median_relative_error(fmt: formats.NumberFormat, x: np.ndarray) -> float:
     return float(np.median(np.abs(got - xd) / np.abs(xd)))
 
 
+@pytest.mark.slow
 def test_shifted_populations_span_a_few_binades_around_2_to_minus_10(populations):
     for case, f in populations.items():
         q25, q50, q75 = np.percentile(_exponents(f), [25, 50, 75])
