@@ -165,16 +165,28 @@ def _cast_like(tree: Any, reference: Any) -> Any:
     return jax.tree.map(cast, tree, reference)
 
 
-def _stays_finite(params: Any, updates: Any) -> jax.Array:
-    """Whether ``params + updates`` keeps every floating parameter finite (in the
-    parameter's dtype, as ``optax.apply_updates`` adds them)."""
-    ok = jnp.array(True)
+def _stays_finite(params: Any, updates: Any) -> jax.Array | None:
+    """Whether ``params + updates`` keeps every parameter narrower than float32
+    finite (in the parameter's dtype, as ``optax.apply_updates`` adds them), or
+    ``None`` where there is none to check.
+
+    float32 and float64 parameters are not checked: the check makes the update
+    wait for a reduction over all of it instead of fusing with its application
+    (measured: about 1.5x the step of a 3-million-parameter MLP with Adam on a
+    CPU), and an update from finite gradients stays far inside their range.
+    """
     if params is None or jax.tree.structure(params) != jax.tree.structure(updates):
-        return ok
+        return None
+    ok = None
     for p, u in zip(jax.tree.leaves(params), jax.tree.leaves(updates), strict=True):
-        if _is_inexact_array(p) and _is_inexact_array(u):
+        if (
+            _is_inexact_array(p)
+            and _is_inexact_array(u)
+            and np.dtype(p.dtype).itemsize < 4
+        ):
             new = (jnp.asarray(p) + jnp.asarray(u).astype(p.dtype)).astype(p.dtype)
-            ok = jnp.logical_and(ok, jnp.all(jnp.isfinite(new)))
+            finite = jnp.all(jnp.isfinite(new))
+            ok = finite if ok is None else jnp.logical_and(ok, finite)
     return ok
 
 
@@ -189,11 +201,11 @@ def _guarded_inner_update(
 ) -> tuple[Any, Any, jax.Array]:
     """Runs ``inner.update`` when ``finite``; else zero updates and the old state.
 
-    A computed update that would make a parameter non-finite is rejected the same
-    way. Returns ``(updates, inner_state, accepted)``. Updates are returned in the
-    dtypes of ``params`` (of the gradients when no params are given) and the new
-    inner state keeps the dtypes of the old one, so that both branches, and every
-    step of a scan, have identical types.
+    A computed update that would make a parameter narrower than float32 non-finite
+    is rejected the same way. Returns ``(updates, inner_state, accepted)``. Updates
+    are returned in the dtypes of ``params`` (of the gradients when no params are
+    given) and the new inner state keeps the dtypes of the old one, so that both
+    branches, and every step of a scan, have identical types.
     """
     reference = grads
     if params is not None and (jax.tree.structure(params) == jax.tree.structure(grads)):
@@ -214,6 +226,8 @@ def _guarded_inner_update(
     def do_update() -> tuple[Any, Any, jax.Array]:
         updates, new_state = compute()
         ok = _stays_finite(params, updates)
+        if ok is None:
+            return updates, new_state, jnp.array(True)
         return choose(ok, (updates, new_state, ok), reject())
 
     if skip == "cond":
