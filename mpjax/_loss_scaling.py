@@ -167,14 +167,8 @@ def _cast_like(tree: Any, reference: Any) -> Any:
 
 def _stays_finite(params: Any, updates: Any) -> jax.Array | None:
     """Whether ``params + updates`` keeps every parameter narrower than float32
-    finite (in the parameter's dtype, as ``optax.apply_updates`` adds them), or
-    ``None`` where there is none to check.
-
-    float32 and float64 parameters are not checked: the check makes the update
-    wait for a reduction over all of it instead of fusing with its application
-    (measured: about 1.5x the step of a 3-million-parameter MLP with Adam on a
-    CPU), and an update from finite gradients stays far inside their range.
-    """
+    finite (``None``: none to check). Not float32/float64: the check keeps the
+    update from fusing with its application (1.5x a 3M-parameter Adam step)."""
     if params is None or jax.tree.structure(params) != jax.tree.structure(updates):
         return None
     ok = None
