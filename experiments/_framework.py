@@ -19,8 +19,8 @@ and the previous results stay untouched. The framework adds ``environment.json``
 ``summary.json`` (checks, wall time, environment) to every result directory; the
 report over all pipelines is :mod:`experiments._reproduce_report`'s.
 
-Scales: ``"quick"`` (the main job: every pipeline within five minutes on an idle
-2-core CPU), ``"standard"`` (larger CPU runs with more rounds, about ten minutes),
+Scales: ``"quick"`` (the main job, sized for a 2-core CPU; its goal is five minutes
+on an idle one), ``"standard"`` (larger CPU runs with more rounds, about ten minutes),
 ``"full"`` (paper-scale, for a GPU) and a hidden ``"tiny"`` scale for tests, selected
 with the environment variable ``MPJAX_EXPERIMENTS_SCALE=tiny`` (honoured by
 :func:`resolve_scale` when no scale is given). The framework passes the scale to a
