@@ -355,32 +355,18 @@ def cast_product(ctx: Interpreter, eqn: jcore.JaxprEqn, invals: list) -> list:
         return product(*operands), (operands, (a.perturbed, b.perturbed))
 
     def backward(residual: tuple, g: Any) -> tuple[Any, Any]:
-        (a, b), perturbed = residual
-        if isinstance(g, SymbolicZero) or not any(perturbed):
+        (a, b), (da_wanted, db_wanted) = residual
+        if isinstance(g, SymbolicZero):
             return None, None
-        g = cast(g, low)
-        wanted = [i for i, p in enumerate(perturbed) if p]
-
-        def transposes(a: Any, b: Any, g: Any) -> list[Any]:
-            operands = (a, b)
-            out = []
-            for i in wanted:
-
-                def along(x: Any, i: int = i) -> Any:
-                    args = list(operands)
-                    args[i] = x
-                    return plain(*args)
-
-                out.extend(jax.linear_transpose(along, operands[i])(g))
-            return out
-
         # The transposed products return the compute dtype, which every XLA
         # backend accumulates in float32 (as cuBLAS and torch.autocast do). An
         # explicit float32 result rounded to the compute dtype here is folded by
         # XLA:CPU into a bfloat16 x bfloat16 = float32 product its runtime cannot
         # execute ("Unsupported element type for DotThunk::Execute").
-        cotangents = iter(transposes(a, b, g))
-        return tuple(next(cotangents) if p else None for p in perturbed)
+        g = cast(g, low)
+        da = jax.linear_transpose(lambda x: plain(x, b), a)(g)[0] if da_wanted else None
+        db = jax.linear_transpose(lambda y: plain(a, y), b)(g)[0] if db_wanted else None
+        return da, db
 
     product.defvjp(forward, backward, symbolic_zeros=True)
     return [product(*(cast(x, low) for x in invals))]
