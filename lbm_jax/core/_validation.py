@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -144,6 +144,13 @@ def check_shape(shape: Sequence[int], lattice: Lattice) -> tuple[int, ...]:
             f"{lattice.d} positive sizes."
         )
     return shape
+
+
+def is_traced(tree: Any) -> bool:
+    """Whether any leaf of ``tree`` is a tracer: the call is inside a
+    transformation (``jax.jit``, ``jax.grad``, ``jax.vmap``, ...), where values
+    are not known on the host."""
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
 def check_density(name: str, value: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:

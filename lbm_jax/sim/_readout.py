@@ -17,7 +17,12 @@ import numpy as np
 from jax.typing import ArrayLike
 
 from lbm_jax.core._collision import direction_constants
-from lbm_jax.core._validation import check_density, check_speed, vector_field
+from lbm_jax.core._validation import (
+    check_density,
+    check_speed,
+    is_traced,
+    vector_field,
+)
 from lbm_jax.sim import _slabs
 from lbm_jax.sim._config import StepArrays, host_force
 from lbm_jax.step._layout import to_layout
@@ -92,12 +97,20 @@ def initial_populations(
     :meth:`Simulation.init <lbm_jax.Simulation.init>`), with the Guo half-force
     of ``force`` (or of the simulation's own force).
 
+    Traced values (inside ``jax.grad``, ``jax.vmap``, ...) are checked for
+    shape and dtype only: their values are not known until the program runs.
+
     Raises:
         ValueError: Shapes that do not fit the grid, non-positive density or a
             velocity above the low-Mach limit.
     """
     lat, shape = sim.lattice, sim.shape
     dtype = sim.storage.compute_dtype
+    if is_traced((rho, u, force)):
+        r, uu = _traced_fields(lat.d, shape, rho, u, dtype)
+        fv = readout_force(sim, arrays, force)
+        bnd = arrays.boundary
+        return _slabs.init_state(sim, r, uu, fv, bnd.fixed_mask, bnd.fixed)
     # uniform values stay scalars/vectors: no grid-sized host temporaries
     r = check_density("rho", rho, () if np.ndim(rho) == 0 else shape)
     if u is None or np.shape(u) == (lat.d,):
@@ -119,6 +132,36 @@ def initial_populations(
         bnd.fixed_mask,
         bnd.fixed,
     )
+
+
+def _traced_array(name: str, value: ArrayLike) -> jax.Array:
+    """``value`` (an array, number or sequence of them) as a real array."""
+    try:
+        arr = jnp.asarray(value)
+    except TypeError as err:
+        raise TypeError(f"{name} must be a real number or array: {err}") from None
+    if not jnp.issubdtype(arr.dtype, jnp.number) or jnp.iscomplexobj(arr):
+        raise TypeError(f"{name} must be real, got dtype {arr.dtype}.")
+    return arr
+
+
+def _traced_fields(
+    d: int, shape: tuple[int, ...], rho: ArrayLike, u: ArrayLike | None, dtype: Any
+) -> tuple[jax.Array, jax.Array]:
+    """Density and velocity of a traced :func:`initial_populations` call, their
+    shapes and dtypes checked."""
+    r = _traced_array("rho", rho).astype(dtype)
+    if r.shape not in ((), shape):
+        raise ValueError(
+            f"rho must be a scalar or of shape {shape}, got shape {r.shape}."
+        )
+    uu = jnp.zeros(d, dtype) if u is None else _traced_array("u", u).astype(dtype)
+    if uu.shape not in ((d,), (d, *shape)):
+        raise ValueError(
+            f"u must be a vector of shape ({d},) or a field of shape {(d, *shape)}, "
+            f"got shape {uu.shape}."
+        )
+    return r, uu
 
 
 def converted_populations(sim: Readable, source: Readable, f: jax.Array) -> jax.Array:

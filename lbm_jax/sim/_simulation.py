@@ -12,7 +12,8 @@ read-outs (:mod:`lbm_jax.sim._readout` around :mod:`lbm_jax.sim._slabs`).
   coupled step);
 * ``sim.advance(state, steps, force=None) -> state``: ``steps`` steps in one
   compiled loop; the state buffers are donated (the input state is consumed) and
-  ``steps`` is a traced argument, so a new step count never recompiles;
+  ``steps`` is a traced argument, so a new step count never recompiles; inside
+  ``jax.grad``/``jax.jvp`` it is differentiated with checkpoints;
 * :func:`lbm_jax.run` drives either (or any pure step over a pytree) with health
   checks, sampling, early stopping, callbacks and a progress bar.
 
@@ -22,10 +23,9 @@ immersed boundary produces) never recompiles. It replaces the force given at
 construction for that call; read the velocity with the same force
 (``lbm_jax.velocity(sim, state, force=...)``) to take off its Guo half-force.
 
-A :class:`Simulation` is itself a pytree: its boundary and force arrays are its
-leaves and its configuration is static, so it can be passed to ``jax.jit``-compiled
-functions as an argument (its arrays then travel as arguments rather than being
-baked into the program as constants).
+A :class:`Simulation` is a pytree: its boundary and force arrays are its leaves
+and its configuration is static, so ``jax.jit``-compiled functions take it as an
+argument (its arrays travel as arguments, not as baked-in constants).
 
 The state holds the post-collision populations of time step ``t`` in the storage
 format (DDF-shifted unless the storage policy says otherwise) and the step counter.
@@ -43,6 +43,7 @@ back continues bit-identically.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -56,12 +57,12 @@ from jax.typing import ArrayLike
 
 from lbm_jax.core._collision import CollisionModel
 from lbm_jax.core._lattice import Lattice
+from lbm_jax.core._remat import checkpoint_levels
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.core._units import viscosity
-from lbm_jax.core._validation import check_steps
-from lbm_jax.sim import _slabs
+from lbm_jax.core._validation import check_steps, is_traced
+from lbm_jax.sim import _loops, _slabs
 from lbm_jax.sim._config import SimulationConfig, StepArrays, configure
-from lbm_jax.sim._decomp import exchange
 from lbm_jax.sim._readout import (
     check_state,
     converted_populations,
@@ -280,13 +281,16 @@ class Simulation:
     def backends(self) -> dict[str, str]:
         """The backend that runs each kind of call: ``"step"``, ``"step_force"``
         (a step given a force per call: the native step runs the XLA step for
-        it) and ``"advance"`` (in-place streaming on the native backend runs the
-        XLA step's in-place loop)."""
+        it), ``"advance"`` (in-place streaming on the native backend runs the
+        XLA step's in-place loop) and ``"derivative"`` (the step that ``jax.jvp``
+        and ``jax.grad`` differentiate, and that runs under them: the XLA step on
+        every backend for now)."""
         plan = self._static.plan
         return {
             "step": plan.backend.value,
             "step_force": plan.backend_with_force.value,
             "advance": plan.backend_advance.value,
+            "derivative": plan.backend_derivative.value,
         }
 
     @property
@@ -447,7 +451,7 @@ class Simulation:
         aux = self._aux_with(force)
 
         def one(aux: StepArrays, f: jax.Array) -> jax.Array:
-            return self._local_step(aux, f, jnp.zeros_like(f))
+            return _loops.step(self._static, aux, f, jnp.zeros_like(f))
 
         f = self._sharded(one, aux)(aux, state.f)
         return LBMState(f=f, t=state.t + 1)
@@ -461,31 +465,60 @@ class Simulation:
         state: LBMState,
         steps: int | jax.Array,
         force: ArrayLike | None = None,
+        *,
+        checkpoint_every: int | Sequence[int] | None = None,
     ) -> LBMState:
         """Run ``steps`` steps in one compiled loop (donates ``state``'s buffers).
 
         With in-place streaming (see ``streaming``) the loop updates the donated
-        population buffer itself; otherwise it holds a second one.
+        population buffer itself; otherwise it holds a second one. Inside
+        ``jax.grad`` or ``jax.jvp`` with a Python int ``steps``, reverse mode keeps
+        a state every ``checkpoint_every`` steps in the storage format (16-bit
+        storage halves the checkpoints' memory too) and recomputes the steps in
+        between (:mod:`lbm_jax.core._remat`).
 
         Args:
             state: Current state; its buffers are reused for the result, so do not
                 use ``state`` afterwards.
             steps: Number of steps (>= 0); a traced argument, so any value reuses
                 the same compiled program. An int32 scalar array is accepted too
-                (inside a traced function, e.g. a driver loop).
+                (inside a traced function, e.g. a driver loop), but reverse-mode
+                differentiation needs a Python int.
             force: Body force of every one of these steps, ``(D,)`` or
                 ``(D, *shape)``; ``None`` uses the construction force.
+            checkpoint_every: Reverse mode only: steps between two kept states
+                (an int; ``1`` keeps every step), or nested segment lengths,
+                outermost first (e.g. ``(100, 10)`` keeps about
+                ``steps/100 + 10 + 10`` states and runs the steps three times);
+                ``None`` (default) nests up to four levels, near the fewest
+                kept states (1000 steps: ``(216, 36, 6)``).
+
+        Raises:
+            TypeError: A ``steps`` that is neither an int nor an integer scalar,
+                or ``checkpoint_every`` with an array ``steps``.
+            ValueError: Negative ``steps`` or a bad ``checkpoint_every``.
         """
+        self.check_state(state)
         if isinstance(steps, jax.Array):
             if steps.shape != () or not jnp.issubdtype(steps.dtype, jnp.integer):
                 raise TypeError(
                     f"steps must be an int or an integer scalar array, got "
                     f"{steps.dtype} {steps.shape}."
                 )
+            if checkpoint_every is not None:
+                raise TypeError(
+                    "checkpoint_every needs a Python int step count (the "
+                    "checkpointed loop is split into segments of known length), "
+                    f"got steps as a {steps.dtype} array."
+                )
             steps = steps.astype(jnp.int32)
         else:
-            steps = jnp.asarray(check_steps(steps), jnp.int32)
-        self.check_state(state)
+            count = check_steps(steps)
+            levels = checkpoint_levels(count, checkpoint_every)
+            steps = jnp.asarray(count, jnp.int32)
+            if is_traced((self, state, force)):
+                with self._static.plan.lowering():
+                    return self._traced_advance(state, count, levels, force)
         with self._static.plan.lowering():
             return self._advance_jit(self, state, steps, force)
 
@@ -493,10 +526,25 @@ class Simulation:
         self, state: LBMState, steps: jax.Array, force: ArrayLike | None
     ) -> LBMState:
         aux = self._aux_with(force)
-        f = self._sharded(self._local_advance, aux, PartitionSpec())(
-            aux, state.f, steps
-        )
+        f = self._sharded(
+            functools.partial(_loops.advance, self._static), aux, PartitionSpec()
+        )(aux, state.f, steps)
         return LBMState(f=f, t=state.t + steps)
+
+    def _traced_advance(
+        self,
+        state: LBMState,
+        steps: int,
+        levels: tuple[int, ...],
+        force: ArrayLike | None,
+    ) -> LBMState:
+        """:meth:`advance` inside a trace: the fast loop, differentiated as the
+        reference step's checkpointed loop."""
+        aux = self._aux_with(force)
+        local = functools.partial(
+            _loops.differentiable_advance, self._static, steps=steps, levels=levels
+        )
+        return LBMState(self._sharded(local, aux)(aux, state.f), state.t + steps)
 
     _advance_jit = staticmethod(jax.jit(_advance_impl, donate_argnames=("state",)))
 
@@ -519,33 +567,6 @@ class Simulation:
         if isinstance(tree, jax.Array):
             return decomp.place(tree, decomp.grid_spec())
         return decomp.place(tree, tree.specs(decomp))
-
-    def _local_step(self, aux: StepArrays, f: jax.Array, g: jax.Array) -> jax.Array:
-        """One step on this device's sub-domain (exchanging halos when split)."""
-        decomp = self._static.decomp
-        if decomp is None:
-            return self._static.plan.step_into(aux, f, g)
-        return self._static.plan.step_into(aux, f, g, exchange(f, decomp))
-
-    def _local_advance(
-        self, aux: StepArrays, f: jax.Array, steps: jax.Array
-    ) -> jax.Array:
-        """``steps`` steps: in place in ``f``, or two per loop iteration
-        (f -> g -> f, no buffer swap)."""
-        advance_inplace = self._static.plan.advance_inplace
-        if advance_inplace is not None:
-            return advance_inplace(aux, f, steps)
-        g = jnp.zeros_like(f)
-
-        def pair(_: jax.Array, fg: tuple[jax.Array, jax.Array]):
-            f, g = fg
-            g = self._local_step(aux, f, g)
-            return self._local_step(aux, g, f), g
-
-        f, g = jax.lax.fori_loop(0, steps // 2, pair, (f, g))
-        return jax.lax.cond(
-            steps % 2 == 1, lambda: self._local_step(aux, f, g), lambda: f
-        )
 
     def _sharded(self, fn: Any, aux: StepArrays, *extra: PartitionSpec) -> Any:
         """``fn(aux, f, *rest)`` run per device on the mesh (as is on one device)."""

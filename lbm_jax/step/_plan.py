@@ -20,7 +20,7 @@ from lbm_jax.core._collision import CollisionModel
 from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _gpu, _gpu_inplace, _native
-from lbm_jax.step._backend import Backend, choose, parse_backend
+from lbm_jax.step._backend import Backend, choose, parse_backend, with_derivative_of
 from lbm_jax.step._xla import make_step_into
 from lbm_jax.step._xla_inplace import Streaming, make_advance_inplace
 
@@ -40,9 +40,14 @@ class StepPlan:
         backend_advance: The backend of ``Simulation.advance``: the native step
             streams with two buffers only, so in-place streaming runs the XLA
             step's in-place loop.
+        backend_derivative: The backend whose derivative ``jax.jvp`` and
+            ``jax.grad`` take (the XLA step's: the native and GPU steps have
+            no adjoint kernels yet, so under differentiation the XLA step runs).
         why_not_faster: Why no faster backend runs (every candidate's reason),
             or ``None`` when the fastest one for this machine runs.
-        step_into: The two-buffer step ``step_into(aux, f, g[, halos])``.
+        step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
+            derivative is the XLA step's.
+        reference_step_into: The XLA step, the one reverse mode differentiates.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
             with two buffers).
     """
@@ -51,8 +56,10 @@ class StepPlan:
     backend: Backend
     backend_with_force: Backend
     backend_advance: Backend
+    backend_derivative: Backend
     why_not_faster: str | None
     step_into: Callable[..., Any]
+    reference_step_into: Callable[..., Any]
     advance_inplace: Callable[..., Any] | None
 
     def lowering(self) -> contextlib.AbstractContextManager[None]:
@@ -116,7 +123,11 @@ def plan_step(
         Backend.XLA: (make_step_into, make_advance_inplace),
     }
     step_maker, inplace_maker = makers[chosen.backend]
-    step_into = step_maker(lattice, storage, model, local, slab, kernel_force)
+    reference = make_step_into(lattice, storage, model, local, slab, kernel_force)
+    step_into = reference
+    if chosen.backend is not Backend.XLA:
+        fast = step_maker(lattice, storage, model, local, slab, kernel_force)
+        step_into = with_derivative_of(fast, reference)
     advance_inplace = (
         inplace_maker(lattice, storage, model, shape, slab, kernel_force)
         if streaming is Streaming.INPLACE
@@ -129,7 +140,9 @@ def plan_step(
         backend=chosen.backend,
         backend_with_force=Backend.XLA if native else chosen.backend,
         backend_advance=Backend.XLA if native and inplace else chosen.backend,
+        backend_derivative=Backend.XLA,
         why_not_faster=chosen.why_not_faster,
         step_into=step_into,
+        reference_step_into=reference,
         advance_inplace=advance_inplace,
     )

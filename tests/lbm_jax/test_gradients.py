@@ -138,16 +138,141 @@ def test_forward_mode_matches_central_differences_d3q19(x64):
     np.testing.assert_allclose(float(tangent), float(central), rtol=1e-6)
 
 
-def test_native_step_refuses_to_differentiate():
+def test_native_step_differentiates_as_the_xla_step():
     why = native_skip_reason()
     if why is not None:
         pytest.skip(why)
     # the native step needs at least 128 cells per x-plane
-    sim = lbm_jax.Simulation("D3Q19", (8, 16, 8), tau=0.8, backend="native")
-    state = sim.init()
+    sims = [
+        lbm_jax.Simulation("D3Q19", (8, 16, 8), tau=0.8, backend=b)
+        for b in ("native", "xla")
+    ]
+    assert sims[0].backend == "native"
+    assert sims[0].backends["derivative"] == "xla"
+    u = 0.01 * jnp.sin(jnp.arange(8.0))[None, :, None, None] * jnp.ones((3, 8, 16, 8))
 
-    def mean_f(f):
-        return jnp.mean(sim.step(state._replace(f=f)).f)
+    def energy(sim, amp):
+        state = sim.step(sim.init(u=amp * u))
+        return jnp.sum(sim.fields(state, which="velocity")[1] ** 2)
 
-    with pytest.raises(TypeError, match='native CPU step.*backend="xla"'):
-        jax.make_jaxpr(jax.grad(mean_f))(state.f)
+    native, xla = (jax.grad(functools.partial(energy, s))(1.0) for s in sims)
+    assert float(native) == float(xla) != 0.0
+
+
+# -- reverse mode through advance: checkpointed, every storage -----------------------
+ADVANCE_STEPS = 12
+
+
+def _cavity(storage: str, collision: str = "bgk", **kw) -> lbm_jax.Simulation:
+    """A 16^2 D2Q9 box with solid walls on the y sides, driven by a force."""
+    walls = np.zeros((16, 16), np.int8)
+    walls[:, [0, -1]] = lbm_jax.CellType.SOLID
+    return lbm_jax.Simulation(
+        "D2Q9",
+        (16, 16),
+        tau=0.7,
+        storage=storage,
+        collision=collision,
+        cell_type=walls,
+        backend="xla",
+        **kw,
+    )
+
+
+def _energy(sim, amp, *, steps=ADVANCE_STEPS, checkpoint_every=None):
+    """Kinetic energy after ``steps`` steps from a sheared start of amplitude
+    ``amp``, with a force ``amp`` times a fixed field."""
+    y = jnp.arange(16.0)
+    shear = jnp.stack(
+        [jnp.sin(2 * jnp.pi * y / 16)[None, :] * jnp.ones((16, 1)), jnp.zeros((16, 16))]
+    )
+    dtype = sim.storage.compute_dtype
+    state = sim.init(u=(amp * 0.05 * shear).astype(dtype))
+    force = (amp * 1e-5 * shear).astype(dtype)
+    state = sim.advance(state, steps, force, checkpoint_every=checkpoint_every)
+    return jnp.sum(sim.fields(state, force, which="velocity")[1] ** 2)
+
+
+@pytest.mark.parametrize(
+    "collision", ["bgk", pytest.param("trt", marks=pytest.mark.slow)]
+)
+def test_advance_gradient_matches_float64_central_differences(x64, collision):
+    sim = _cavity("fp64", collision)
+    energy = jax.jit(functools.partial(_energy, sim))
+    grad = float(jax.jit(jax.grad(functools.partial(_energy, sim)))(1.0))
+    h = 1e-6
+    central = (float(energy(1.0 + h)) - float(energy(1.0 - h))) / (2 * h)
+    np.testing.assert_allclose(grad, central, rtol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "every", [(6, 2), *(pytest.param(e, marks=pytest.mark.slow) for e in (1, 5, None))]
+)
+def test_checkpointing_does_not_change_the_gradient(x64, every):
+    sim = _cavity("fp64")
+    tape = jax.grad(functools.partial(_energy, sim, checkpoint_every=1))(1.0)
+    got = jax.grad(functools.partial(_energy, sim, checkpoint_every=every))(1.0)
+    np.testing.assert_allclose(float(got), float(tape), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_forward_and_reverse_mode_agree_through_advance():
+    sim = _cavity("FP32/FP16S")
+    fn = functools.partial(_energy, sim)
+    _, tangent = jax.jvp(fn, (jnp.float32(1.0),), (jnp.float32(1.0),))
+    np.testing.assert_allclose(float(tangent), float(jax.grad(fn)(1.0)), rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "storage", ["FP32/FP16S", pytest.param("FP32/FP16", marks=pytest.mark.slow)]
+)
+def test_16bit_advance_gradient_within_one_percent_of_float64(x64, storage):
+    want = float(jax.grad(functools.partial(_energy, _cavity("fp64")))(1.0))
+    got = float(jax.grad(functools.partial(_energy, _cavity(storage)))(1.0))
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+
+
+@pytest.mark.slow
+def test_vmap_over_initial_amplitudes_matches_single_runs():
+    sim = _cavity("fp32")
+    amps = jnp.array([0.5, 1.0, 2.0], jnp.float32)
+    batched = jax.vmap(functools.partial(_energy, sim))(amps)
+    single = [float(_energy(sim, a)) for a in amps]
+    np.testing.assert_allclose(np.asarray(batched), single, rtol=1e-6)
+
+
+def test_advance_outside_a_trace_is_unchanged_by_the_derivative_path():
+    sim = _cavity("FP32/FP16S")
+    start = sim.init(u=(0.02, 0.0))
+    eager = sim.advance(sim.init(u=(0.02, 0.0)), ADVANCE_STEPS)
+    traced = jax.jit(lambda s: sim.advance(s, ADVANCE_STEPS))(start)
+    assert np.asarray(eager.f).tobytes() == np.asarray(traced.f).tobytes()
+
+
+@pytest.mark.parametrize(
+    "every, error, match",
+    [
+        (0, ValueError, ">= 1"),
+        ((4, 8), ValueError, "must decrease"),
+        (2.5, TypeError, "int or a sequence"),
+        (("a",), TypeError, "must hold ints"),
+    ],
+)
+def test_bad_checkpoint_every_is_refused(every, error, match):
+    sim = _cavity("fp32")
+    with pytest.raises(error, match=match):
+        sim.advance(sim.init(), 4, checkpoint_every=every)
+
+
+def test_checkpoint_every_needs_a_python_int_step_count():
+    sim = _cavity("fp32")
+    with pytest.raises(TypeError, match="Python int step count"):
+        sim.advance(sim.init(), jnp.int32(4), checkpoint_every=2)
+
+
+def test_traced_init_checks_shapes():
+    sim = _cavity("fp32")
+    with pytest.raises(ValueError, match=r"u must be a vector of shape \(2,\)"):
+        jax.grad(lambda a: sim.init(u=a * jnp.ones(3)).f.sum())(1.0)
+    with pytest.raises(ValueError, match="rho must be a scalar or of shape"):
+        jax.grad(lambda a: sim.init(rho=a * jnp.ones(4)).f.sum())(1.0)
