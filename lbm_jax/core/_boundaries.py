@@ -86,11 +86,17 @@ def build_boundary(
     lattice: Lattice,
     storage: StoragePolicy,
     cell_type: np.ndarray,
-    wall_velocity: np.ndarray,
-    boundary_density: np.ndarray,
-    boundary_velocity: np.ndarray,
+    wall_velocity: np.ndarray | jax.Array,
+    boundary_density: np.ndarray | jax.Array,
+    boundary_velocity: np.ndarray | jax.Array,
+    *,
+    moving_walls: bool | None = None,
 ) -> BoundaryData:
-    """Derive the boundary arrays from validated host-side inputs.
+    """Derive the boundary arrays from validated inputs.
+
+    Host (NumPy) values are combined in float64 and rounded once to the compute
+    dtype; JAX values (traced ones among them: a wall velocity to differentiate
+    by) in their own dtype, so derivatives flow from them into the arrays.
 
     Args:
         lattice: Velocity set.
@@ -99,29 +105,36 @@ def build_boundary(
         wall_velocity: ``(D, *grid)`` wall velocity (used on ``WALL`` cells).
         boundary_density: Grid-shaped density (used on ``EQUILIBRIUM`` cells).
         boundary_velocity: ``(D, *grid)`` velocity (used on ``EQUILIBRIUM`` cells).
+        moving_walls: Whether to build the moving-wall term; ``None`` builds it
+            where a ``WALL`` cell has a nonzero host wall velocity.
     """
     dtype = storage.compute_dtype
+    arrays = (wall_velocity, boundary_density, boundary_velocity)
+    xp = np if all(isinstance(a, np.ndarray) for a in arrays) else jnp
     fluid = cell_type == CellType.FLUID
     solid_like = (cell_type == CellType.SOLID) | (cell_type == CellType.WALL)
     moving = cell_type == CellType.WALL
     if fluid.all():
         return BoundaryData(None, None, None, None)
     bounce = link_mask(lattice, fluid, solid_like)
+    if moving_walls is None:
+        moving_walls = bool(moving.any()) and bool(np.any(wall_velocity[:, moving]))
     wall_term = None
-    if moving.any() and np.any(wall_velocity[:, moving] != 0):
-        axes = tuple(range(cell_type.ndim))
+    if moving_walls:
+        axes = tuple(range(1, cell_type.ndim + 1))
+        real = wall_velocity.dtype  # masks and constants in it: no promotion
         terms = []
         for i, ci in enumerate(lattice.c):
             shift = tuple(int(v) for v in ci)
-            uw = np.roll(wall_velocity * moving, shift, axis=tuple(a + 1 for a in axes))
-            cu = np.tensordot(ci.astype(np.float64), uw, axes=1)
-            terms.append(6.0 * lattice.w[i] * cu * fluid)
-        wall_term = jnp.asarray(np.stack(terms).astype(dtype))
-    rho = np.where(cell_type == CellType.EQUILIBRIUM, boundary_density, 1.0)
-    u = np.where(
-        cell_type == CellType.EQUILIBRIUM,
+            uw = xp.roll(wall_velocity * moving[None].astype(real), shift, axis=axes)
+            cu = xp.tensordot(ci.astype(real), uw, axes=1)
+            terms.append(float(6.0 * lattice.w[i]) * cu * fluid.astype(real))
+        wall_term = jnp.asarray(xp.stack(terms).astype(dtype))
+    rho = xp.where(cell_type == CellType.EQUILIBRIUM, boundary_density, 1.0)
+    u = xp.where(
+        (cell_type == CellType.EQUILIBRIUM)[None],
         boundary_velocity,
-        np.where(moving, wall_velocity, 0.0),
+        xp.where(moving[None], wall_velocity, 0.0),
     )
     feq = equilibrium(
         lattice,

@@ -31,6 +31,7 @@ from lbm_jax.core._validation import (
     check_shape,
     check_slab,
     check_speed,
+    is_traced,
     vector_field,
 )
 from lbm_jax.sim._decomp import Decomposition, decompose
@@ -100,6 +101,10 @@ class SimulationConfig:
         cell_type: Integer cell-type grid (read-only).
         force: Construction body force, ``(D,)`` or ``(D, *shape)`` float64.
         wall_velocity: Velocity of the ``WALL`` cells, ``(D, *shape)`` float64.
+        boundary_density: Density of the ``EQUILIBRIUM`` cells, grid-shaped
+            float64.
+        boundary_velocity: Velocity of the ``EQUILIBRIUM`` cells,
+            ``(D, *shape)`` float64.
         decomp: The domain decomposition, or ``None`` on one device.
         slab: x-planes per cache tile of the compiled step.
         plan: The step's backend and functions (:class:`lbm_jax.step.StepPlan`).
@@ -113,6 +118,8 @@ class SimulationConfig:
     cell_type: np.ndarray
     force: np.ndarray | None
     wall_velocity: np.ndarray
+    boundary_density: np.ndarray
+    boundary_velocity: np.ndarray
     decomp: Decomposition | None
     slab: int
     plan: StepPlan
@@ -188,19 +195,93 @@ def configure(
         cell_type=ct,
         force=fvec,
         wall_velocity=uw,
+        boundary_density=rb,
+        boundary_velocity=ub,
         decomp=decomp,
         slab=slab,
         plan=plan,
         streaming=streaming,
     )
-    bnd = build_boundary(lat, pol, ct, uw, rb, ub)
     arrays = StepArrays(
-        boundary=BoundaryData(*(None if a is None else to_layout(a) for a in bnd)),
+        boundary=_in_layout(build_boundary(lat, pol, ct, uw, rb, ub)),
         force=None
         if fvec is None or fvec.ndim == 1
         else jnp.asarray(fvec.astype(pol.compute_dtype)),
     )
     return config, arrays
+
+
+def _in_layout(bnd: BoundaryData) -> BoundaryData:
+    """Boundary arrays ``(Q, *shape)`` in the population layout ``(X, Q, ...)``."""
+    return BoundaryData(*(None if a is None else to_layout(a) for a in bnd))
+
+
+def replaced_arrays(
+    config: SimulationConfig,
+    arrays: StepArrays,
+    *,
+    force: ArrayLike | None,
+    wall_velocity: ArrayLike | None,
+    boundary_density: ArrayLike | None,
+    boundary_velocity: ArrayLike | None,
+) -> tuple[SimulationConfig, StepArrays]:
+    """``config`` and ``arrays`` with the given values in place of the
+    construction ones (``None`` keeps one), as
+    :meth:`lbm_jax.Simulation.with_arrays` documents.
+
+    Host values are checked as the constructor checks them and recorded in the
+    configuration; traced values are checked for shape and dtype only.
+
+    Raises:
+        ValueError, TypeError: As the constructor, for the values given.
+    """
+    lat, shape, ct = config.lattice, config.shape, config.cell_type
+    given = {"wall_velocity": wall_velocity, "boundary_velocity": boundary_velocity}
+    fields = {}
+    for name, value in given.items():
+        if value is None:
+            fields[name] = getattr(config, name)
+        elif is_traced(value):
+            fields[name] = _traced_vector(name, value, lat.d, shape)
+        else:
+            fields[name] = vector_field(name, value, lat.d, shape)
+            where = CellType.WALL if name == "wall_velocity" else CellType.EQUILIBRIUM
+            check_speed(name, fields[name], ct == where)
+    rb = config.boundary_density
+    if is_traced(boundary_density):
+        rb = jnp.broadcast_to(jnp.asarray(boundary_density), shape)
+        if jnp.ndim(boundary_density) not in (0, len(shape)):
+            raise ValueError(f"boundary_density must be a scalar or of shape {shape}.")
+    elif boundary_density is not None:
+        rb = check_density("boundary_density", boundary_density, shape)
+    host = not any(is_traced(v) for v in (*fields.values(), rb))
+    if host:
+        config = dataclasses.replace(config, boundary_density=rb, **fields)
+    if any(v is not None for v in (wall_velocity, boundary_density, boundary_velocity)):
+        bnd = build_boundary(
+            lat,
+            config.storage,
+            ct,
+            fields["wall_velocity"],
+            rb,
+            fields["boundary_velocity"],
+            moving_walls=None if host else bool((ct == CellType.WALL).any()),
+        )
+        arrays = arrays._replace(boundary=_in_layout(bnd))
+    return config, arrays.with_force(force, shape, config.storage.compute_dtype)
+
+
+def _traced_vector(name: str, value: Any, d: int, shape: tuple[int, ...]) -> jax.Array:
+    """A traced ``(D,)`` vector or ``(D, *shape)`` field as a ``(D, *shape)`` array."""
+    arr = jnp.asarray(value)
+    if arr.shape == (d,):
+        return jnp.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
+    if arr.shape != (d, *shape):
+        raise ValueError(
+            f"{name} must be a vector of shape ({d},) or a field of shape "
+            f"{(d, *shape)}, got shape {arr.shape}."
+        )
+    return arr
 
 
 def host_force(force: ArrayLike, d: int, shape: tuple[int, ...]) -> np.ndarray:

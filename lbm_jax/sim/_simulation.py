@@ -41,6 +41,8 @@ back continues bit-identically.
 10
 """
 
+# long: the public class, each method with its documented parameters; the work
+# is in _config, _loops, _readout and _slabs
 from __future__ import annotations
 
 import functools
@@ -62,7 +64,12 @@ from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.core._units import viscosity
 from lbm_jax.core._validation import check_steps, is_traced
 from lbm_jax.sim import _loops, _slabs
-from lbm_jax.sim._config import SimulationConfig, StepArrays, configure
+from lbm_jax.sim._config import (
+    SimulationConfig,
+    StepArrays,
+    configure,
+    replaced_arrays,
+)
 from lbm_jax.sim._readout import (
     check_state,
     converted_populations,
@@ -337,6 +344,54 @@ class Simulation:
             f"Simulation({self.lattice.name}, shape={self.shape}, tau={self.tau}, "
             f"storage={self.storage}, collision={self.collision.kind.value}, "
             f"backend={self.backend!r})"
+        )
+
+    def with_arrays(
+        self,
+        *,
+        force: ArrayLike | None = None,
+        wall_velocity: ArrayLike | None = None,
+        boundary_density: ArrayLike | None = None,
+        boundary_velocity: ArrayLike | None = None,
+    ) -> Simulation:
+        """This simulation with new force or boundary values; the same
+        configuration and compiled steps (no recompilation for new values).
+
+        The values may be traced, so a derivative or a batch passes through
+        them: ``jax.grad`` of a cavity's flow by its lid speed, ``jax.vmap``
+        over inflow densities. Host values are checked as the constructor
+        checks them; traced ones for shape only.
+
+        Args:
+            force: Body force of every step, ``(D,)`` or ``(D, *shape)`` (as if
+                passed to each call; a per-call force still replaces it).
+            wall_velocity: Velocity of the ``WALL`` cells.
+            boundary_density: Density of the ``EQUILIBRIUM`` cells.
+            boundary_velocity: Velocity of the ``EQUILIBRIUM`` cells.
+            ``None`` keeps a value as it is.
+
+        Raises:
+            ValueError, TypeError: As the constructor, for the values given.
+
+        >>> import jax, jax.numpy as jnp, lbm_jax
+        >>> sim = lbm_jax.Simulation("D2Q9", (16, 8), tau=0.8, force=(1e-5, 0.0))
+        >>> def mean_u(fx):
+        ...     pushed = sim.with_arrays(force=jnp.stack([fx, 0.0]))
+        ...     state = pushed.advance(pushed.init(), 4)
+        ...     return lbm_jax.velocity(pushed, state)[0].mean()
+        >>> round(float(jax.grad(mean_u)(1e-5)), 3)  # steps / density
+        4.0
+        """
+        static, aux = replaced_arrays(
+            self._static,
+            self._aux,
+            force=force,
+            wall_velocity=wall_velocity,
+            boundary_density=boundary_density,
+            boundary_velocity=boundary_velocity,
+        )
+        return Simulation.tree_unflatten(
+            static, (aux if is_traced(aux) else self._place(aux),)
         )
 
     # -- state construction and read-out ----------------------------------------
