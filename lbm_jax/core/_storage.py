@@ -34,7 +34,11 @@ Encoding and decoding have the straight-through derivative (the derivative of
 ``decode(encode(x))`` is the identity), so ``jax.grad`` and ``jax.jvp`` pass through
 the storage of every policy whose populations are held in a floating-point dtype
 (:func:`differentiable_storages`); through the others (bit patterns in ``uint16``)
-they raise a ``TypeError`` while tracing rather than return a zero.
+they raise a ``TypeError`` while tracing rather than return a zero. Those formats
+are differentiated **emulated**: ``get_storage("FP32/FP16C", emulate=True)`` rounds
+every stored population to the format exactly as the 16-bit storage does, but holds
+the rounded values in the compute dtype (twice the memory, the same trajectory), so
+a derivative can ride along; emulated storage runs on the XLA step.
 
 posit16s is posit16 applied to ``x * 2**10``, the posit twin of fp16s: its region
 of highest precision (12 fraction bits) lies on the magnitudes DDF-shifted
@@ -105,17 +109,22 @@ class StoragePolicy:
         compute_dtype: dtype of all arithmetic (float32 or float64).
         format: The :class:`mpjax.formats.NumberFormat` holding stored populations.
         shift: Whether populations are stored DDF-shifted (``f_i - w_i``).
+        emulate: Hold the populations rounded to the format but in the compute
+            dtype (differentiable for every format; see the module docstring).
     """
 
     name: str
     compute_dtype: np.dtype
     format: _formats.NumberFormat
     shift: bool = True
+    emulate: bool = False
 
     @property
     def storage_dtype(self) -> np.dtype:
         """Array dtype of the stored populations (``uint16`` bit patterns for
-        bfloat16, see the module docstring)."""
+        bfloat16, the compute dtype when emulated; see the module docstring)."""
+        if self.emulate:
+            return np.dtype(self.compute_dtype)
         native = np.dtype(self.format.storage_dtype)
         return _CONTAINERS.get(native, native)
 
@@ -153,10 +162,18 @@ class StoragePolicy:
             _formats.require_x64(f"Storage policy {self.name}")
 
     def __str__(self) -> str:
-        return self.name if self.shift else f"{self.name} (unshifted)"
+        notes = [
+            n
+            for n, on in (("unshifted", not self.shift), ("emulated", self.emulate))
+            if on
+        ]
+        return f"{self.name} ({', '.join(notes)})" if notes else self.name
 
 
 def _store(storage: StoragePolicy, f: jax.Array) -> jax.Array:
+    if storage.emulate:
+        codes = storage.format.encode(f.astype(storage.compute_dtype))
+        return storage.format.decode(codes, dtype=storage.compute_dtype)
     if storage.storage_dtype == np.dtype(storage.compute_dtype):
         return f.astype(storage.compute_dtype)
     codes = storage.format.encode(f)
@@ -206,7 +223,9 @@ def _require_float_container(storage: StoragePolicy, codes: jax.Array) -> None:
             f"Cannot differentiate through {storage} storage: it holds populations "
             f"as {codes.dtype} bit patterns, which carry no derivative. "
             "Differentiate a simulation with a floating-point container instead "
-            f"(storage one of {differentiable_storages()})."
+            f"(storage one of {differentiable_storages()}), or emulate this one: "
+            f"storage=lbm_jax.get_storage({storage.name!r}, emulate=True) (the same "
+            "rounding, values held in the compute dtype)."
         )
 
 
@@ -229,7 +248,10 @@ def differentiable_storages() -> tuple[str, ...]:
 
 
 def get_storage(
-    name: str | StoragePolicy, *, shift: bool | None = None
+    name: str | StoragePolicy,
+    *,
+    shift: bool | None = None,
+    emulate: bool | None = None,
 ) -> StoragePolicy:
     """Return a storage policy by name.
 
@@ -241,18 +263,30 @@ def get_storage(
             when ``shift`` is given.
         shift: Store DDF-shifted populations ``f_i - w_i`` (recommended);
             ``None`` keeps a policy's own flag, and means ``True`` for a name.
+        emulate: Hold the populations rounded to the format but in the compute
+            dtype, so that ``jax.grad`` passes through every format (see the
+            module docstring); ``None`` keeps a policy's own flag, and means
+            ``False`` for a name.
+
+    >>> pol = get_storage("fp16c", emulate=True)
+    >>> str(pol), pol.storage_dtype.name
+    ('FP32/FP16C (emulated)', 'float32')
 
     Raises:
         ValueError: For an unknown name.
         TypeError: For a name that is not a string.
     """
-    if shift is not None and not isinstance(shift, bool):
-        raise TypeError(
-            f"shift must be a bool or None, got {shift!r}; pass shift=True or "
-            "shift=False."
-        )
+    for flag, value in (("shift", shift), ("emulate", emulate)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(
+                f"{flag} must be a bool or None, got {value!r}; pass {flag}=True "
+                f"or {flag}=False."
+            )
     if isinstance(name, StoragePolicy):
-        return name if shift is None else dataclasses.replace(name, shift=shift)
+        flags = {
+            k: v for k, v in (("shift", shift), ("emulate", emulate)) if v is not None
+        }
+        return dataclasses.replace(name, **flags) if flags else name
     if not isinstance(name, str):
         raise TypeError(
             f"Storage name must be a str or StoragePolicy, got {type(name).__name__}."
@@ -272,6 +306,7 @@ def get_storage(
         compute_dtype=np.dtype(compute),
         format=_formats.get_format(fmt),
         shift=True if shift is None else shift,
+        emulate=bool(emulate),
     )
 
 

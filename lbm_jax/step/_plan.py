@@ -112,6 +112,11 @@ def plan_step(
             boundaries=boundaries,
         ),
     )
+    if storage.emulate:
+        emulated = "emulated storage runs on the XLA step"
+        candidates = tuple(
+            c._replace(why_not=c.why_not or emulated) for c in candidates
+        )
     chosen = choose(backend, candidates, "simulation")
     constant = force is not None and force.ndim == 1
     kernel_force = (
