@@ -21,7 +21,7 @@ from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _gpu, _gpu_inplace, _native
 from lbm_jax.step._backend import Backend, choose, parse_backend, with_derivative_of
-from lbm_jax.step._xla import make_step_into
+from lbm_jax.step._xla import make_step_into, make_whole_grid_step
 from lbm_jax.step._xla_inplace import Streaming, make_advance_inplace
 
 __all__ = ["StepPlan", "plan_step"]
@@ -46,8 +46,10 @@ class StepPlan:
         why_not_faster: Why no faster backend runs (every candidate's reason),
             or ``None`` when the fastest one for this machine runs.
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
-            derivative is the XLA step's.
-        reference_step_into: The XLA step, the one reverse mode differentiates.
+            derivative is that of ``reference_step_into``.
+        reference_step_into: The XLA step over the whole grid at once
+            (:func:`lbm_jax.step._xla.make_whole_grid_step`): the same values to
+            within rounding, the step every derivative takes.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
             with two buffers).
     """
@@ -128,11 +130,12 @@ def plan_step(
         Backend.XLA: (make_step_into, make_advance_inplace),
     }
     step_maker, inplace_maker = makers[chosen.backend]
-    reference = make_step_into(lattice, storage, model, local, slab, kernel_force)
-    step_into = reference
-    if chosen.backend is not Backend.XLA:
-        fast = step_maker(lattice, storage, model, local, slab, kernel_force)
-        step_into = with_derivative_of(fast, reference)
+    tiled = make_step_into(lattice, storage, model, local, slab, kernel_force)
+    reference = make_whole_grid_step(
+        lattice, storage, model, local, kernel_force, tiled
+    )
+    fast = step_maker(lattice, storage, model, local, slab, kernel_force)
+    step_into = with_derivative_of(fast, reference)
     advance_inplace = (
         inplace_maker(lattice, storage, model, shape, slab, kernel_force)
         if streaming is Streaming.INPLACE

@@ -142,3 +142,31 @@ def test_guide_orbax_snippet_runs_as_written(tmp_path, monkeypatch):
     np.testing.assert_array_equal(
         again["state"].params["w"], namespace["state"].params["w"]
     )
+
+
+def test_guide_first_gradient_example_runs(capsys):
+    namespace: dict = {}
+    exec(block_after(DOCS / "lbm/gradients.md", "## A first gradient"), namespace)
+    grad = float(capsys.readouterr().out.strip().strip("[]"))
+    energy = float(namespace["energy"](0.05))
+    np.testing.assert_allclose(grad, 2 * energy / 0.05, rtol=1e-2)
+
+
+@pytest.mark.slow
+def test_guide_lid_speed_and_ensemble_example_runs(capsys):
+    namespace: dict = {}
+    exec(block_after(DOCS / "lbm/gradients.md", "## A first gradient"), namespace)
+    exec(block_after(DOCS / "lbm/gradients.md", "Every array a simulation"), namespace)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert float(lines[1]) > 0  # a faster lid turns the vortex harder
+    strengths = np.asarray(
+        namespace["jax"].vmap(namespace["vortex_strength"])(
+            namespace["jnp"].array([0.02, 0.05, 0.08])
+        )
+    )
+    assert np.all(np.diff(strengths) > 0)
+    exec(
+        block_after(DOCS / "lbm/gradients.md", "are differentiated **emulated**"),
+        namespace,
+    )
+    assert namespace["sim16c"].storage.storage_dtype == np.float32
