@@ -74,7 +74,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lbm_jax.core._units import CS, MAX_SPEED
-from lbm_jax.core._validation import check_int, check_steps, renamed_keyword
+from lbm_jax.core._validation import (
+    check_int,
+    check_steps,
+    is_traced,
+    renamed_keyword,
+)
 from lbm_jax.runs._checkpoint import Checkpoint, ResumeError
 from lbm_jax.runs._loop import History, Plan, run_chunk, split
 from lbm_jax.sim._simulation import LBMState, Simulation
@@ -271,8 +276,16 @@ def run(
         lbm_jax.ResumeError: If ``checkpoint`` resumes a run that is past
             ``steps`` already, or from checkpoints of another run.
         ValueError, TypeError: Invalid arguments (raised before compiling), among
-            them ``callback_every`` given together with its alias ``every``.
+            them ``callback_every`` given together with its alias ``every``, and
+            a traced state (a run inside ``jax.jit``/``jax.grad``/``jax.vmap``).
     """
+    if is_traced(state):
+        raise TypeError(
+            "lbm_jax.run drives a run from the host (health checks, samples, "
+            "callbacks, timing between compiled chunks) and cannot run inside "
+            "jax.jit, jax.grad or jax.vmap; inside them, call Simulation.advance "
+            "(differentiable, with checkpoints) or loop over a step with lax.scan."
+        )
     callback_every = renamed_keyword(
         callback_every,
         every,

@@ -376,3 +376,11 @@ def test_the_differentiated_step_computes_the_tiled_steps_values(storage):
     # relative) where that lands on a tie
     tol = 2.0**-23 if storage == "FP32/FP32" else 2.0**-10 * np.abs(tiled).max()
     np.testing.assert_allclose(whole, tiled, rtol=0, atol=tol)
+
+
+def test_the_host_driver_refuses_a_traced_state():
+    sim = _cavity("fp32")
+    with pytest.raises(TypeError, match="call Simulation.advance"):
+        jax.grad(lambda a: lbm_jax.run(sim, sim.init(u=(a, 0.0)), 4).state.f.sum())(
+            0.01
+        )
