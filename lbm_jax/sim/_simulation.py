@@ -368,7 +368,8 @@ class Simulation:
             wall_velocity: Velocity of the ``WALL`` cells.
             boundary_density: Density of the ``EQUILIBRIUM`` cells.
             boundary_velocity: Velocity of the ``EQUILIBRIUM`` cells.
-            ``None`` keeps a value as it is.
+
+        Each value left ``None`` is kept as it is.
 
         Raises:
             ValueError, TypeError: As the constructor, for the values given.
@@ -530,7 +531,7 @@ class Simulation:
         ``jax.grad`` or ``jax.jvp`` with a Python int ``steps``, reverse mode keeps
         a state every ``checkpoint_every`` steps in the storage format (16-bit
         storage halves the checkpoints' memory too) and recomputes the steps in
-        between (:mod:`lbm_jax.core._remat`).
+        between.
 
         Args:
             state: Current state; its buffers are reused for the result, so do not

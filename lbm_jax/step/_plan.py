@@ -48,7 +48,7 @@ class StepPlan:
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
             derivative is that of ``reference_step_into``.
         reference_step_into: The XLA step over the whole grid at once
-            (:func:`lbm_jax.step._xla.make_whole_grid_step`): the same values to
+            (``lbm_jax.step._xla.make_whole_grid_step``): the same values to
             within rounding, the step every derivative takes.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
             with two buffers).
