@@ -425,7 +425,7 @@ def _raindrop_studies(st, *, steps=100):
 
 
 def test_lbm_raindrop_checks_fail_when_a_run_is_missing():
-    st = lbm_raindrop.settings_for("quick")
+    st = lbm_raindrop.settings_for("standard")
     studies = _raindrop_studies(st)
     assert all(lbm_raindrop.evaluate_checks(studies, st, 100).values())
     empty = {"raindrop": [], "static_drop": {}, "capillary_wave": []}
@@ -452,7 +452,7 @@ def test_lbm_raindrop_checks_fail_when_a_run_is_missing():
     ],
 )
 def test_lbm_raindrop_checks_fail_for_a_bad_16bit_run(words, change):
-    st = lbm_raindrop.settings_for("quick")
+    st = lbm_raindrop.settings_for("standard")
     studies = _raindrop_studies(st)
     fp32, fp16s, fp16c = studies["raindrop"]
     studies["raindrop"] = [fp32, {**fp16s, **change}, fp16c]
