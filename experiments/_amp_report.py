@@ -136,7 +136,9 @@ def figures(
     fig.legend(
         *axes[0, 0].get_legend_handles_labels(),
         loc="outside lower center",
-        ncols=len(next(iter(records.values()))),
+        # two and a half entries per network column: one column (the quick
+        # scale's MLP alone) is too narrow for five in a row
+        ncols=min(len(next(iter(records.values()))), 5 * len(records) // 2),
         fontsize="small",
     )
     fig.suptitle("Training loss per policy (top) and its difference to float32")

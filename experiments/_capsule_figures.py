@@ -1,4 +1,5 @@
-"""The capsule study's figure: the Taylor deformation per storage format."""
+"""The capsule study's figure (the Taylor deformation per storage format) and its
+reference run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import numpy as np
 
 from experiments._report import new_figure, save_figure
 
-__all__ = ["deformation_figure"]
+__all__ = ["deformation_figure", "reference_run"]
+
+
+def reference_run(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run the others are compared with: FP64/FP64, else FP32/FP32, else None."""
+    for storage in ("FP64/FP64", "FP32/FP32"):
+        found = next((r for r in records if r["storage"] == storage), None)
+        if found is not None:
+            return found
+    return None
 
 
 def deformation_figure(
@@ -19,15 +29,15 @@ def deformation_figure(
     title: str,
     caption: str = "",
 ) -> Path:
-    """D(t) per storage at each capillary number, and its deviation from FP64,
-    written to ``out/deformation.png``."""
+    """D(t) per storage at each capillary number, and its deviation from the
+    reference run (FP64, else FP32), written to ``out/deformation.png``."""
     fig, axes = new_figure(2, len(studies), size=(6.0, 4.0))
     fig.suptitle(title)
     runs = max(len(records) for records in studies.values())
     colours = [f"C{i}" for i in range(runs)]
     for col, (ca, records) in enumerate(studies.items()):
         top, bottom = axes[0, col], axes[1, col]
-        ref = next((r for r in records if r["storage"] == "FP64/FP64"), None)
+        ref = reference_run(records)
         for i, r in enumerate(records):
             if not r["stable"] or "history" not in r:
                 continue
@@ -45,9 +55,10 @@ def deformation_figure(
         top.set_xlabel("time step")
         top.set_ylabel("D = (L - B)/(L + B)")
         top.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        bottom.set_title(f"deviation from FP64/FP64, Ca = {ca:g}")
+        name = "the reference" if ref is None else ref["storage"]
+        bottom.set_title(f"deviation from {name}, Ca = {ca:g}")
         bottom.set_xlabel("time step")
-        bottom.set_ylabel("|D - D(FP64)| (floored at 1e-12)")
+        bottom.set_ylabel("|D - D(reference)| (floored at 1e-12)")
         if bottom.get_legend_handles_labels()[0]:
             bottom.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return save_figure(fig, out / "deformation.png", caption=caption)

@@ -210,6 +210,9 @@ def width_figure(
         )
         ns, errs = zip(*pts, strict=True)
         ax.loglog(ns, errs, "o-", label=label)
+    widths = sorted({r["n"] for r in records})
+    ax.set_xticks(widths, [str(n) for n in widths])  # the widths run, not 10^k
+    ax.set_xticks([], minor=True)
     ax.set_xlabel("channel width N (cells)")
     ax.set_ylabel("relative L2 error vs analytic profile")
     ax.set_title("Poiseuille flow: error versus channel width")

@@ -30,8 +30,8 @@ scaling fixes: the share of gradient entries that are non-zero in float32 but fl
 to zero in float16 with a loss scale of 1, and with the dynamic scale the float16
 run ended on.
 
-The quick scale (the main job) trains the MLP and the encoder; the standard and
-full scales train all four.
+The quick scale (the main job) trains the MLP; the standard and full scales train
+all four.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ Studies and their figures:
   run with the cylinder drawn (``<case>_vorticity.png``).
 
 Scale ``quick`` (the main job) runs FP64, FP32, FP16 unshifted and FP16S for
-Poiseuille, Taylor-Green and the cavity at Re 100 on small grids, FP32 over three
-channel widths, and the cylinder for FP32/FP16S (diameter 10 cells). Scale
+Poiseuille and Taylor-Green on small grids, FP32 over two channel widths, and the
+cavity at Re 100 for FP32/FP16S, without the cylinders. Scale
 ``standard`` runs every policy for Poiseuille and Taylor-Green on the same grids, the
 cavity for FP64/FP32/FP16/FP16S/FP16C, and the cylinder for FP32/FP16S/FP16C, the
 unconfined cylinder for FP32/FP16S;

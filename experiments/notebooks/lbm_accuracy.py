@@ -16,7 +16,8 @@
 #
 # Poiseuille flow, Taylor-Green decay, the lid-driven cavity (against Ghia et al. 1982)
 # and the Karman vortex street, for every storage policy of Lehmann et al. (2022), with
-# and without DDF-shifting: errors against the analytic or published reference and
+# and without DDF-shifting (the quick scale, the default, runs a few of them and no
+# cylinder): errors against the analytic or published reference and
 # against the reference run (FP64/FP64, or FP32/FP32 where a case has no FP64 run; the
 # vortex-shedding cylinders by Strouhal number, drag and lift, since their shedding
 # phase drifts between number formats). The same code runs as

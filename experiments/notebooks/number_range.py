@@ -14,7 +14,8 @@
 # %% [markdown]
 # # The number range of the LBM populations
 #
-# Every test case (Poiseuille, Taylor-Green, cavity, cylinder, capsule, raindrop) runs
+# Every test case (Poiseuille, Taylor-Green, cavity, cylinder, capsule, raindrop; the
+# quick scale, the default, runs the first three) runs
 # with FP32 storage and DDF-shifting while an `mpjax.RangeProbe` records the exact
 # histogram of binary exponents of the stored populations over time, inside the
 # compiled run. The study draws them against every 16-bit format's precision and

@@ -147,7 +147,7 @@ def test_free_surface_figures_labelled_with_legends_and_one_colour_per_format():
     from experiments import _free_surface_figures as figures
     from experiments.lbm_raindrop import settings_for
 
-    st, reference = settings_for("quick"), get_storage("fp32").name
+    st, reference = settings_for("standard"), get_storage("fp32").name
     records = _free_surface_records(st.runs)
     wave = _free_surface_records(
         st.runs_2d, frequency_theory=1.0, frequency_error=0.02, damping_error=0.03

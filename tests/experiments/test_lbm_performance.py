@@ -104,7 +104,10 @@ def test_out_of_cache_grids_may_not_beat_the_roofline():
 @pytest.mark.parametrize("scale", ["quick", "standard"])
 def test_cpu_targets_name_runs_that_the_sweep_makes(scale):
     cpu = settings_for(scale)
-    assert cpu.targets == lbm_performance.RATIO_TARGETS and cpu.rounds >= 3
+    assert cpu.targets and set(cpu.targets) <= set(lbm_performance.RATIO_TARGETS)
+    assert cpu.rounds >= 3
+    if scale == "standard":  # every stated ratio
+        assert cpu.targets == lbm_performance.RATIO_TARGETS
     for t in cpu.targets:
         assert (t.lattice, t.n) in cpu.grids
         names = {get_storage(s).name for s in cpu.storages}

@@ -300,11 +300,11 @@ def test_lbm_capsule_tiny_artefacts_checks_and_ordering(capsule_study):
     assert all(r["stable"] and r["label"] == "FP32/FP32" for r in conv)
     (records,) = results["records"].values()
     by_label = {r["label"]: r for r in records}
-    assert by_label["FP64/FP64"]["deviation_vs_fp64"] == 0.0
-    fp32 = by_label["FP32/FP32"]["deviation_vs_fp64"]
-    fp16c = by_label["FP32/FP16C S"]["deviation_vs_fp64"]
+    assert by_label["FP64/FP64"]["deviation_vs_reference"] == 0.0
+    fp32 = by_label["FP32/FP32"]["deviation_vs_reference"]
+    fp16c = by_label["FP32/FP16C S"]["deviation_vs_reference"]
     assert 0.0 < fp32 < fp16c < 1e-3
-    assert "closest to FP64 is" in (out / "REPORT.md").read_text()
+    assert "closest to FP64/FP64 is" in (out / "REPORT.md").read_text()
 
 
 def test_lbm_capsule_checks_fail_when_a_run_is_missing():
@@ -425,7 +425,7 @@ def _raindrop_studies(st, *, steps=100):
 
 
 def test_lbm_raindrop_checks_fail_when_a_run_is_missing():
-    st = lbm_raindrop.settings_for("quick")
+    st = lbm_raindrop.settings_for("standard")
     studies = _raindrop_studies(st)
     assert all(lbm_raindrop.evaluate_checks(studies, st, 100).values())
     empty = {"raindrop": [], "static_drop": {}, "capillary_wave": []}
@@ -452,7 +452,7 @@ def test_lbm_raindrop_checks_fail_when_a_run_is_missing():
     ],
 )
 def test_lbm_raindrop_checks_fail_for_a_bad_16bit_run(words, change):
-    st = lbm_raindrop.settings_for("quick")
+    st = lbm_raindrop.settings_for("standard")
     studies = _raindrop_studies(st)
     fp32, fp16s, fp16c = studies["raindrop"]
     studies["raindrop"] = [fp32, {**fp16s, **change}, fp16c]
