@@ -113,5 +113,7 @@ def profile_figure(results: dict[str, Any], words: str, probe_x: int) -> Figure:
     ax.set_xlabel(f"u_x at x = {probe_x} (cells per time step)")
     ax.set_ylabel("y (cells)")
     ax.legend()
-    ax.set_title(f"Outflow profile ({words})")
+    ax.set_title(
+        f"Outflow profile ({words}),\noptimised in FP16S storage, re-run in FP32"
+    )
     return fig

@@ -164,7 +164,7 @@ class Channel:
 
     def control_force(self, theta: Any) -> Any:
         """The control force ``scale * tanh(theta)`` in the control region."""
-        return self.scale * jnp.tanh(theta) * jnp.asarray(self.control)
+        return self.scale * jnp.tanh(theta) * jnp.asarray(self.control)[None]
 
     def target_design(self) -> np.ndarray:
         """The design whose FP32 outflow is the target: ``F_x = 0.8 scale
@@ -229,13 +229,16 @@ def optimise(
     rate = optax.cosine_decay_schedule(st.learning_rate, st.iterations, alpha=0.1)
     adam = optax.adam(rate)
 
-    @jax.jit
-    def update(theta: Any, grad: Any, opt_state: Any) -> tuple[Any, Any]:
+    def adam_step(theta: Any, grad: Any, opt_state: Any) -> tuple[Any, Any]:
         updates, opt_state = adam.update(grad, opt_state, theta)
         return optax.apply_updates(theta, updates), opt_state
 
     theta = jnp.zeros((2, *channel.shape), jnp.float32)
     opt_state = adam.init(theta)
+    # optax.adam promotes Python scalars against its int32 step counter, so the
+    # update is traced (once) under standard promotion
+    with jax.numpy_dtype_promotion("standard"):
+        update = jax.jit(adam_step).lower(theta, theta, opt_state).compile()
     losses, profiles = [], []
     for i in progress(range(st.iterations + 1), desc="inverse_design"):
         (value, profile), grad = value_and_grad(theta)
