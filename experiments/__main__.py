@@ -10,15 +10,15 @@ Usage::
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
 ``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
-``number_range``) in order, each under a progress bar with its expected time, prints
-each result table as it finishes, then a table of every pipeline's status and wall
-time, and writes ``REPORT.md``, ``summary.json`` and ``index.html`` (one page with
-every table and figure) next to the per-pipeline directories. ``--quick`` (the
-default) is sized for a 2-core CPU (the goal, five minutes on an idle one, is checked
-by the slow test ``tests/experiments/test_reproduce.py``; it took 10 min 48 s on
-2026-12-07); ``--standard`` runs the
-larger CPU settings (about ten minutes); ``--full`` runs paper-scale settings meant
-for a GPU.
+``number_range``, ``inverse_design``) in order, each under a progress bar with its
+expected time, prints each result table as it finishes, then a table of every
+pipeline's status and wall time, and writes ``REPORT.md``, ``summary.json`` and
+``index.html`` (one page with every table and figure) next to the per-pipeline
+directories. ``--quick`` (the default) is sized for a 2-core CPU (the goal, five
+minutes on an idle one, is checked by the slow test
+``tests/experiments/test_reproduce.py``; it took 10 min 48 s on 2026-12-07);
+``--standard`` runs the larger CPU settings (about ten minutes); ``--full`` runs
+paper-scale settings meant for a GPU.
 
 Results go to ``results/<pipeline>/`` in the current directory (``--out`` to write
 elsewhere; the notebooks use the same default). Each run writes into a fresh
