@@ -10,7 +10,7 @@ Usage::
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
 ``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
-``number_range``) in order, each under a progress bar with its expected time, prints
+``number_range``, ``inverse_design``) in order, each under a progress bar with its expected time, prints
 each result table as it finishes, then a table of every pipeline's status and wall
 time, and writes ``REPORT.md``, ``summary.json`` and ``index.html`` (one page with
 every table and figure) next to the per-pipeline directories. ``--quick`` (the

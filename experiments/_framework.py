@@ -76,6 +76,7 @@ PIPELINES: Mapping[str, str] = {
     "lbm_capsule": "experiments.lbm_capsule",
     "lbm_raindrop": "experiments.lbm_raindrop",
     "number_range": "experiments.number_range",
+    "inverse_design": "experiments.inverse_design",
 }
 
 SCALES: tuple[str, ...] = ("tiny", "quick", "standard", "full")

@@ -34,6 +34,7 @@ __all__ = [
     "VORTICITY_LABEL",
     "plane",
     "save_figure",
+    "signed_field_image",
     "streamlines_figure",
     "velocity_magnitude_figure",
     "vorticity_2d",
@@ -177,14 +178,34 @@ def vorticity_image(
     Returns:
         The image (a :class:`matplotlib.image.AxesImage`).
     """
-    w = vorticity_2d(u)
-    mask = _solid_mask(solid, w.shape)
+    return signed_field_image(ax, vorticity_2d(u), solid=solid, limit=limit)
+
+
+def signed_field_image(
+    ax: Any, data: Any, *, solid: Any = None, limit: float | None = None
+) -> Any:
+    """Draw a signed scalar field ``(X, Y)`` on ``ax`` (a vorticity, one component
+    of a force): a symmetric diverging colour map over ``[-limit, limit]``, axes
+    in cells, solid cells grey with a black outline.
+
+    Args:
+        ax: Matplotlib axes.
+        data: The field, ``(X, Y)`` with x the first axis.
+        solid: Optional boolean mask ``(X, Y)`` of solid cells.
+        limit: Colour range; ``None`` takes the 99th percentile of |data| over
+            the cells that are not solid.
+
+    Returns:
+        The image (a :class:`matplotlib.image.AxesImage`).
+    """
+    data = np.asarray(data, dtype=np.float64)
+    mask = _solid_mask(solid, data.shape)
     if limit is None:
-        fluid = np.abs(w if mask is None else w[~mask])
+        fluid = np.abs(data if mask is None else data[~mask])
         fluid = fluid[np.isfinite(fluid)]
         limit = float(np.percentile(fluid, 99)) if fluid.size else 0.0
         limit = limit or 1.0
-    return _field_image(ax, w, mask, cmap="RdBu_r", vmin=-limit, vmax=limit)
+    return _field_image(ax, data, mask, cmap="RdBu_r", vmin=-limit, vmax=limit)
 
 
 def vorticity_figure(
