@@ -63,7 +63,12 @@ def test_simulation_says_which_backend_runs_and_why_no_faster_one():
     assert f"at least {MIN_PLANE_CELLS} cells per x-plane (got 16)" in (
         sim.backend_reason
     )
-    assert sim.backends == {"step": "xla", "step_force": "xla", "advance": "xla"}
+    assert sim.backends == {
+        "step": "xla",
+        "step_force": "xla",
+        "advance": "xla",
+        "derivative": "xla",
+    }
 
 
 def test_a_per_call_force_on_the_native_step_is_reported():
