@@ -9,11 +9,12 @@ Usage::
     python -m experiments list
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
-``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
-``number_range``) in order, each under a progress bar with its expected time, prints
-each result table as it finishes, then a table of every pipeline's status and wall
-time, and writes ``REPORT.md``, ``summary.json`` and ``index.html`` (one page with
-every table and figure) next to the per-pipeline directories. ``--quick`` (the
+``lbm_accuracy``, ``lbm_gradients``, ``lbm_performance``, ``lbm_capsule``,
+``lbm_raindrop``, ``number_range``) in order, each under a progress bar with its
+expected time, prints each result table as it finishes, then a table of every
+pipeline's status and wall time, and writes ``REPORT.md``, ``summary.json`` and
+``index.html`` (one page with every table and figure) next to the per-pipeline
+directories. ``--quick`` (the
 default) is sized for a 2-core CPU (the goal, five minutes on an idle one, is checked
 by the slow test ``tests/experiments/test_reproduce.py``; it took 10 min 48 s on
 2026-12-07); ``--standard`` runs the
