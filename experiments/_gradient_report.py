@@ -313,7 +313,7 @@ def write_report(
         "",
         f"Scale **{scale}** on {env['backend']} ({env['device_kind']}); git "
         f"`{env['git_commit']}`; `python -m experiments lbm_gradients"
-        f"{' --full' if scale == 'full' else ''}`.",
+        f"{f' --{scale}' if scale in ('standard', 'full') else ''}`.",
         "",
         "Each problem is one of the accuracy study's cases with a parameter θ and "
         "a scalar L of the final state: Taylor-Green vortices (L = kinetic energy, "
