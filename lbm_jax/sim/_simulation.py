@@ -360,7 +360,8 @@ class Simulation:
         The values may be traced, so a derivative or a batch passes through
         them: ``jax.grad`` of a cavity's flow by its lid speed, ``jax.vmap``
         over inflow densities. Host values are checked as the constructor
-        checks them; traced ones for shape only.
+        checks them; traced ones for shape only. An argument left ``None``
+        keeps its value as it is.
 
         Args:
             force: Body force of every step, ``(D,)`` or ``(D, *shape)`` (as if
@@ -368,7 +369,6 @@ class Simulation:
             wall_velocity: Velocity of the ``WALL`` cells.
             boundary_density: Density of the ``EQUILIBRIUM`` cells.
             boundary_velocity: Velocity of the ``EQUILIBRIUM`` cells.
-            ``None`` keeps a value as it is.
 
         Raises:
             ValueError, TypeError: As the constructor, for the values given.
@@ -530,7 +530,7 @@ class Simulation:
         ``jax.grad`` or ``jax.jvp`` with a Python int ``steps``, reverse mode keeps
         a state every ``checkpoint_every`` steps in the storage format (16-bit
         storage halves the checkpoints' memory too) and recomputes the steps in
-        between (:mod:`lbm_jax.core._remat`).
+        between (``lbm_jax.core._remat``).
 
         Args:
             state: Current state; its buffers are reused for the result, so do not
