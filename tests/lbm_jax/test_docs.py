@@ -110,6 +110,13 @@ def test_guide_walls_and_lid_example_runs(capsys):
     assert "u below the lid 0.0" in capsys.readouterr().out
 
 
+def test_guide_gradient_example_runs(capsys):
+    namespace: dict = {}
+    exec(block_after(DOCS / "lbm/gradients.md", "`jax.grad`, `jax.jvp`"), namespace)
+    # the lid drags the fluid below it: a faster lid, a faster flow there
+    assert 0.6 < float(capsys.readouterr().out) < 0.7
+
+
 @pytest.mark.standard_promotion
 def test_guide_orbax_snippet_runs_as_written(tmp_path, monkeypatch):
     # the guide's checkpoint recipe, run in a fresh folder with a relative name
