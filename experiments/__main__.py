@@ -9,11 +9,12 @@ Usage::
     python -m experiments list
 
 ``reproduce`` runs every pipeline (``formats``, ``mixed_precision_bench``, ``amp``,
-``lbm_accuracy``, ``lbm_performance``, ``lbm_capsule``, ``lbm_raindrop``,
-``number_range``, ``inverse_design``) in order, each under a progress bar with its expected time, prints
-each result table as it finishes, then a table of every pipeline's status and wall
-time, and writes ``REPORT.md``, ``summary.json`` and ``index.html`` (one page with
-every table and figure) next to the per-pipeline directories. ``--quick`` (the
+``lbm_accuracy``, ``lbm_gradients``, ``lbm_performance``, ``lbm_capsule``,
+``lbm_raindrop``, ``number_range``, ``inverse_design``) in order, each under a
+progress bar with its expected time, prints each result table as it finishes, then
+a table of every pipeline's status and wall time, and writes ``REPORT.md``,
+``summary.json`` and ``index.html`` (one page with every table and figure) next to
+the per-pipeline directories. ``--quick`` (the
 default) is sized for a 2-core CPU (the goal, five minutes on an idle one, is checked
 by the slow test ``tests/experiments/test_reproduce.py``; on 2026-12-07 it took 6 min
 5 s on a 2-core machine that other work kept 1.0-1.3 cores busy, with 274 CPU seconds

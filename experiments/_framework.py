@@ -72,6 +72,7 @@ PIPELINES: Mapping[str, str] = {
     "mixed_precision_bench": "experiments.mixed_precision_bench",
     "amp": "experiments.amp",
     "lbm_accuracy": "experiments.lbm_accuracy",
+    "lbm_gradients": "experiments.lbm_gradients",
     "lbm_performance": "experiments.lbm_performance",
     "lbm_capsule": "experiments.lbm_capsule",
     "lbm_raindrop": "experiments.lbm_raindrop",

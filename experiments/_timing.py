@@ -48,6 +48,7 @@ EXPECTED_S: Mapping[str, dict[str, float]] = {
         "mixed_precision_bench": 26.0,
         "amp": 39.0,
         "lbm_accuracy": 52.0,
+        "lbm_gradients": 17.0,
         "lbm_performance": 31.0,
         "lbm_capsule": 37.0,
         "lbm_raindrop": 40.0,
@@ -59,6 +60,7 @@ EXPECTED_S: Mapping[str, dict[str, float]] = {
         "mixed_precision_bench": 59.0,
         "amp": 138.0,
         "lbm_accuracy": 152.0,
+        "lbm_gradients": 215.0,  # 214 CPU s; 418 s wall beside 1.5 busy cores
         "lbm_performance": 108.0,
         "lbm_capsule": 99.0,
         "lbm_raindrop": 48.0,

@@ -360,7 +360,8 @@ class Simulation:
         The values may be traced, so a derivative or a batch passes through
         them: ``jax.grad`` of a cavity's flow by its lid speed, ``jax.vmap``
         over inflow densities. Host values are checked as the constructor
-        checks them; traced ones for shape only.
+        checks them; traced ones for shape only. An argument left ``None``
+        keeps its value as it is.
 
         Args:
             force: Body force of every step, ``(D,)`` or ``(D, *shape)`` (as if

@@ -37,6 +37,7 @@ _SLOW_AT_TINY = {
     "amp",
     "lbm_performance",
     "lbm_capsule",
+    "lbm_gradients",
     "lbm_raindrop",
     "number_range",
 }
