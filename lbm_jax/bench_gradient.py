@@ -81,11 +81,11 @@ def _peak_in_subprocess(n: int, storage: str, steps: int) -> float:
 
 
 def _worker(n: int, storage: str, steps: int) -> float:
-    from lbm_jax.bench_memory import _maxrss
+    from lbm_jax.bench_memory import peak_rss
 
     grad, amp = _gradient(n, storage, steps)
     jax.block_until_ready(grad(amp))
-    return float(_maxrss())
+    return float(peak_rss())
 
 
 def memory(

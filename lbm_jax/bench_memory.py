@@ -66,6 +66,7 @@ __all__ = [
     "check",
     "main",
     "measure",
+    "peak_rss",
     "table",
     "within_bound",
 ]
@@ -114,8 +115,9 @@ def _rss() -> int:
     return rss
 
 
-def _maxrss() -> int:
-    """High-water mark in bytes: ``VmHWM`` (reset by :func:`_reset_peak`).
+def peak_rss() -> int:
+    """This process's high-water mark of resident memory in bytes: ``VmHWM``
+    (reset by ``_reset_peak``).
 
     ``getrusage``'s ``ru_maxrss`` is the fallback only: Linux carries the peak
     of the process image before ``exec`` into it, so a worker spawned by a
@@ -167,10 +169,10 @@ def _worker(op: str, n: int, lattice: str, storage: str, streaming: str | None) 
     work = tempfile.mkdtemp(prefix="lbm_mem_")
     if op == "simulation":
         baseline = _rss()
-        before_peak = _maxrss()
+        before_peak = peak_rss()
         reset = _reset_peak()
         sim = lbm_jax.Simulation(lattice, shape, **kwargs)
-        peak = _maxrss() if reset else max(_maxrss(), before_peak)
+        peak = peak_rss() if reset else max(peak_rss(), before_peak)
         # what it must hold: the int8 cell-type grid
         return _row(op, baseline, 0, cells, peak - baseline, peak - baseline, reset)
     sim = lbm_jax.Simulation(lattice, shape, **kwargs)
@@ -180,22 +182,22 @@ def _worker(op: str, n: int, lattice: str, storage: str, streaming: str | None) 
     operation = _operation(op, sim, work, buffers)
     # first call: compiles, then runs
     settle()
-    before_peak, before = _maxrss(), _rss()
+    before_peak, before = peak_rss(), _rss()
     reset = _reset_peak()
     t0 = time.perf_counter()
     first = jax.block_until_ready(operation.action())
     seconds = time.perf_counter() - t0
-    cold = (_maxrss() if reset else max(_maxrss(), before_peak)) - before
+    cold = (peak_rss() if reset else max(peak_rss(), before_peak)) - before
     # second call, compiled; the first result stays alive, so its memory cannot
     # be reused for the second one's output (a consumed state is the new input)
     if operation.feed is not None:
         operation.feed(first)
         first = None
     settle()
-    before_peak, held = _maxrss(), _rss()
+    before_peak, held = peak_rss(), _rss()
     reset = _reset_peak()
     second = jax.block_until_ready(operation.action())
-    own = (_maxrss() if reset else max(_maxrss(), before_peak)) - held
+    own = (peak_rss() if reset else max(peak_rss(), before_peak)) - held
     del first, second
     shutil.rmtree(work, ignore_errors=True)
     inputs, output = operation.inputs, operation.output
