@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
@@ -29,8 +30,11 @@ __all__ = [
     "check_slab",
     "check_speed",
     "check_steps",
+    "is_traced",
     "renamed_keyword",
+    "traced_field",
     "vector_field",
+    "vector_or_field",
 ]
 
 _T = TypeVar("_T")
@@ -153,6 +157,36 @@ def is_traced(tree: Any) -> bool:
     return any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
 
 
+def vector_or_field(d: int, shape: tuple[int, ...]) -> str:
+    """How an error names the two accepted shapes of a vector input.
+
+    >>> vector_or_field(2, (4, 3))
+    'a vector of shape (2,) or a field of shape (2, 4, 3)'
+    """
+    return f"a vector of shape ({d},) or a field of shape {(d, *shape)}"
+
+
+def traced_field(
+    name: str, value: ArrayLike, shapes: Sequence[tuple[int, ...]], wanted: str
+) -> jax.Array:
+    """A traced input as a real JAX array of one of ``shapes``: its dtype and
+    shape checked, its values not (they are not known on the host).
+
+    Raises:
+        TypeError: Not a real number or array of them.
+        ValueError: Another shape; the message says ``name must be <wanted>``.
+    """
+    try:
+        arr = jnp.asarray(value)
+    except TypeError as err:
+        raise TypeError(f"{name} must be a real number or array: {err}") from None
+    if not jnp.issubdtype(arr.dtype, jnp.number) or jnp.iscomplexobj(arr):
+        raise TypeError(f"{name} must be real, got dtype {arr.dtype}.")
+    if arr.shape not in tuple(shapes):
+        raise ValueError(f"{name} must be {wanted}, got shape {arr.shape}.")
+    return arr
+
+
 def check_density(name: str, value: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
     """A positive, finite scalar or grid-shaped density as a float64 grid."""
     rho = np.asarray(value)
@@ -193,8 +227,7 @@ def vector_field(
         return np.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
     if arr.shape != (d, *shape):
         raise ValueError(
-            f"{name} must be a vector of shape ({d},) or a field of shape "
-            f"{(d, *shape)}, got shape {arr.shape}."
+            f"{name} must be {vector_or_field(d, shape)}, got shape {arr.shape}."
         )
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} contains non-finite values.")

@@ -32,7 +32,9 @@ from lbm_jax.core._validation import (
     check_slab,
     check_speed,
     is_traced,
+    traced_field,
     vector_field,
+    vector_or_field,
 )
 from lbm_jax.sim._decomp import Decomposition, decompose
 from lbm_jax.step._backend import Backend
@@ -249,9 +251,13 @@ def replaced_arrays(
             check_speed(name, fields[name], ct == where)
     rb = config.boundary_density
     if is_traced(boundary_density):
-        rb = jnp.broadcast_to(jnp.asarray(boundary_density), shape)
-        if jnp.ndim(boundary_density) not in (0, len(shape)):
-            raise ValueError(f"boundary_density must be a scalar or of shape {shape}.")
+        rb = traced_field(
+            "boundary_density",
+            boundary_density,
+            ((), shape),
+            f"a scalar or of shape {shape}",
+        )
+        rb = jnp.broadcast_to(rb, shape)
     elif boundary_density is not None:
         rb = check_density("boundary_density", boundary_density, shape)
     host = not any(is_traced(v) for v in (*fields.values(), rb))
@@ -273,14 +279,9 @@ def replaced_arrays(
 
 def _traced_vector(name: str, value: Any, d: int, shape: tuple[int, ...]) -> jax.Array:
     """A traced ``(D,)`` vector or ``(D, *shape)`` field as a ``(D, *shape)`` array."""
-    arr = jnp.asarray(value)
+    arr = traced_field(name, value, ((d,), (d, *shape)), vector_or_field(d, shape))
     if arr.shape == (d,):
         return jnp.broadcast_to(arr.reshape((d,) + (1,) * len(shape)), (d, *shape))
-    if arr.shape != (d, *shape):
-        raise ValueError(
-            f"{name} must be a vector of shape ({d},) or a field of shape "
-            f"{(d, *shape)}, got shape {arr.shape}."
-        )
     return arr
 
 

@@ -21,7 +21,9 @@ from lbm_jax.core._validation import (
     check_density,
     check_speed,
     is_traced,
+    traced_field,
     vector_field,
+    vector_or_field,
 )
 from lbm_jax.sim import _slabs
 from lbm_jax.sim._config import StepArrays, host_force
@@ -134,34 +136,16 @@ def initial_populations(
     )
 
 
-def _traced_array(name: str, value: ArrayLike) -> jax.Array:
-    """``value`` (an array, number or sequence of them) as a real array."""
-    try:
-        arr = jnp.asarray(value)
-    except TypeError as err:
-        raise TypeError(f"{name} must be a real number or array: {err}") from None
-    if not jnp.issubdtype(arr.dtype, jnp.number) or jnp.iscomplexobj(arr):
-        raise TypeError(f"{name} must be real, got dtype {arr.dtype}.")
-    return arr
-
-
 def _traced_fields(
     d: int, shape: tuple[int, ...], rho: ArrayLike, u: ArrayLike | None, dtype: Any
 ) -> tuple[jax.Array, jax.Array]:
     """Density and velocity of a traced :func:`initial_populations` call, their
     shapes and dtypes checked."""
-    r = _traced_array("rho", rho).astype(dtype)
-    if r.shape not in ((), shape):
-        raise ValueError(
-            f"rho must be a scalar or of shape {shape}, got shape {r.shape}."
-        )
-    uu = jnp.zeros(d, dtype) if u is None else _traced_array("u", u).astype(dtype)
-    if uu.shape not in ((d,), (d, *shape)):
-        raise ValueError(
-            f"u must be a vector of shape ({d},) or a field of shape {(d, *shape)}, "
-            f"got shape {uu.shape}."
-        )
-    return r, uu
+    r = traced_field("rho", rho, ((), shape), f"a scalar or of shape {shape}")
+    if u is None:
+        return r.astype(dtype), jnp.zeros(d, dtype)
+    uu = traced_field("u", u, ((d,), (d, *shape)), vector_or_field(d, shape))
+    return r.astype(dtype), uu.astype(dtype)
 
 
 def converted_populations(sim: Readable, source: Readable, f: jax.Array) -> jax.Array:

@@ -146,9 +146,7 @@ def test_pipeline_writes_table_figure_report_and_results(tmp_path, monkeypatch):
     report = (out / "REPORT.md").read_text()
     assert "![gradient_errors](gradient_errors.png)" in report
     assert "FP32/FP16S S 1.0e-03 meets its target 0.01" in report
-    assert "| FP32/FP16C S | float32 (format emulated) | 2.00e-04 |" in (
-        outcome.table
-    )
+    assert "| FP32/FP16C S | float32 (format emulated) | 2.00e-04 |" in (outcome.table)
     results = json.loads((out / "results.json").read_text())
     assert set(results["records"]) == {p.name for p in st.problems}
     assert results["checks"] == outcome.checks

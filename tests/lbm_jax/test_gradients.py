@@ -340,6 +340,8 @@ def test_new_arrays_are_checked_like_the_constructor():
         sim.with_arrays(boundary_density=-1.0)
     with pytest.raises(ValueError, match=r"vector of shape \(2,\)"):
         jax.jit(lambda u: sim.with_arrays(wall_velocity=u).init().f)(jnp.ones(3))
+    with pytest.raises(ValueError, match="boundary_density must be a scalar or"):
+        jax.jit(lambda r: sim.with_arrays(boundary_density=r).init().f)(jnp.ones(5))
 
 
 # -- bit-pattern formats, emulated: the same trajectory, a derivative --------------
