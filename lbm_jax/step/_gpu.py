@@ -101,7 +101,11 @@ def available() -> bool:
 
 
 def why_not(
-    lattice: Lattice, shape: tuple[int, ...], *, split_yz: bool = False
+    lattice: Lattice,
+    shape: tuple[int, ...],
+    *,
+    split_yz: bool = False,
+    gray: bool = False,
 ) -> str | None:
     """Why the fused GPU step does not cover a configuration, or ``None`` when it
     does (the device aside: see :func:`unavailable_reason`).
@@ -110,7 +114,7 @@ def why_not(
     the Smagorinsky model), every storage policy (shifted or not), bounce-back,
     moving walls, equilibrium cells, constant, per-call and field forces, grids
     split along x (ghost planes exchanged as for the XLA step). Not covered:
-    grids split along y or z.
+    grids split along y or z, gray cells (``gray``: a solid fraction).
 
     >>> from lbm_jax import get_lattice
     >>> why_not(get_lattice("D2Q9"), (8, 8, 8))
@@ -124,6 +128,11 @@ def why_not(
         return f"the fused GPU step needs a {lattice.d}-D grid (got {len(shape)}-D)"
     if split_yz:
         return "the fused GPU step takes grids split along x only"
+    if gray:
+        return (
+            "the fused GPU step does not cover gray cells (solid_fraction: the "
+            "XLA step runs them)"
+        )
     return None
 
 
@@ -151,12 +160,16 @@ def supported(
 
 
 def candidate(
-    lattice: Lattice, shape: tuple[int, ...], *, split_yz: bool = False
+    lattice: Lattice,
+    shape: tuple[int, ...],
+    *,
+    split_yz: bool = False,
+    gray: bool = False,
 ) -> Candidate:
     """The fused GPU step's answer for a simulation (see
     :func:`lbm_jax.step.choose`): :func:`why_not`; off a GPU ``"auto"`` passes
     it over."""
-    why = why_not(lattice, shape, split_yz=split_yz)
+    why = why_not(lattice, shape, split_yz=split_yz, gray=gray)
     return Candidate(Backend.GPU, why, unavailable_reason, None, available())
 
 

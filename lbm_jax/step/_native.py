@@ -214,11 +214,13 @@ def why_not_step(
     split_across: bool = False,
     force: bool = False,
     boundaries: bool = False,
+    gray: bool = False,
 ) -> str | None:
     """Why the native step does not cover a configuration (every unmet need,
     with what was given), or ``None`` when it does (the library aside: see
     :func:`unavailable_reason`). Arguments as for :func:`supported`;
-    ``split_across``: whether the grid is split along y or z.
+    ``split_across``: whether the grid is split along y or z; ``gray``: whether
+    it has gray cells (a solid fraction), which only the XLA step runs.
 
     >>> from lbm_jax import get_lattice, get_storage
     >>> from lbm_jax.core._collision import parse_collision
@@ -246,6 +248,7 @@ def why_not_step(
                 not (lattice.d == 2 and force and boundaries and shape[-1] % 8),
                 "rows of a multiple of 8 cells with both a force and boundaries",
             ),
+            (not gray, "no gray cells (solid_fraction: the XLA step runs them)"),
         ),
     )
 
@@ -263,6 +266,7 @@ def candidate(
     split_across: bool,
     force: bool,
     boundaries: bool,
+    gray: bool = False,
 ) -> Candidate:
     """The native step's answer for a simulation (see :func:`lbm_jax.step.choose`):
     :func:`why_not_step`; where the library cannot be built ``"auto"`` warns once
@@ -274,6 +278,7 @@ def candidate(
         split_across: Whether the grid is split along y or z (the native step
             exchanges x ghost planes only).
         force, boundaries: As for :func:`supported`.
+        gray: Whether the grid has gray cells (a solid fraction).
     """
     why = why_not_step(
         lattice,
@@ -283,6 +288,7 @@ def candidate(
         split_across=split_across,
         force=force,
         boundaries=boundaries,
+        gray=gray,
     )
     return Candidate(Backend.NATIVE, why, unavailable_reason, warn_fallback, _on_cpu())
 

@@ -83,6 +83,7 @@ def plan_step(
     split_yz: bool,
     slab: int,
     streaming: Streaming,
+    gray: bool = False,
 ) -> StepPlan:
     """The step plan of a simulation.
 
@@ -97,13 +98,15 @@ def plan_step(
         split_yz: Whether the grid is split along y or z.
         slab: x-planes per slab of the XLA step.
         streaming: How ``advance`` keeps the populations.
+        gray: Whether the step reads a solid fraction (gray cells, which the
+            XLA step alone covers).
 
     Raises:
         ValueError: ``"gpu"`` or ``"native"`` where that step cannot run (saying
             why), or an unknown backend.
     """
     candidates = (
-        _gpu.candidate(lattice, local, split_yz=split_yz),
+        _gpu.candidate(lattice, local, split_yz=split_yz, gray=gray),
         _native.candidate(
             lattice,
             storage,
@@ -112,6 +115,7 @@ def plan_step(
             split_across=split_yz,
             force=force is not None,
             boundaries=boundaries,
+            gray=gray,
         ),
     )
     if storage.emulate:
