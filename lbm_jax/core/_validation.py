@@ -28,6 +28,7 @@ __all__ = [
     "check_real",
     "check_shape",
     "check_slab",
+    "check_solid_fraction",
     "check_speed",
     "check_steps",
     "is_traced",
@@ -203,6 +204,42 @@ def check_density(name: str, value: ArrayLike, shape: tuple[int, ...]) -> np.nda
     if not np.all(np.isfinite(rho) & (rho > 0)):
         raise ValueError(f"{name} must be finite and positive everywhere.")
     return np.broadcast_to(rho, shape)
+
+
+def check_solid_fraction(value: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
+    """A gray cells' solid fraction: one finite value in ``[0, 1]`` per grid
+    cell (bools mean 0 and 1), as a read-only float64 grid.
+
+    Raises:
+        TypeError: Values that are not real numbers.
+        ValueError: Another shape, or values that are not finite or lie
+            outside ``[0, 1]``.
+
+    >>> check_solid_fraction([[0.0, 0.5], [1.0, 0.25]], (2, 2)).dtype
+    dtype('float64')
+    """
+    ns = np.asarray(value)
+    if ns.dtype.kind not in "biuf":
+        raise TypeError(
+            f"solid_fraction must hold real numbers in [0, 1], got dtype "
+            f"{ns.dtype}; pass e.g. np.zeros({shape})."
+        )
+    if ns.shape != shape:
+        raise ValueError(
+            f"solid_fraction has shape {ns.shape} but the grid is {shape}; pass "
+            "one value in [0, 1] per grid cell."
+        )
+    ns = np.array(ns, dtype=np.float64)
+    if not np.all(np.isfinite(ns)):
+        raise ValueError("solid_fraction contains non-finite values.")
+    if ns.size and (ns.min() < 0 or ns.max() > 1):
+        raise ValueError(
+            f"solid_fraction must lie in [0, 1] (0 fluid, 1 solid), got values "
+            f"from {ns.min():g} to {ns.max():g}; clip it, e.g. "
+            "np.clip(solid_fraction, 0, 1)."
+        )
+    ns.setflags(write=False)
+    return ns
 
 
 def check_slab(slab: int, nx: int) -> int:

@@ -156,6 +156,11 @@ class FreeSurface:
                 f"a free-surface simulation supports FLUID and SOLID cells only, "
                 f"the simulation has {names}; mark walls SOLID."
             )
+        if sim.solid_fraction is not None:
+            raise ValueError(
+                "a free-surface simulation does not support gray cells; build "
+                "the simulation without solid_fraction and mark solid cells SOLID."
+            )
         if sim.force is not None:
             raise ValueError(
                 "the simulation has a construction force; give the free surface "

@@ -4,9 +4,9 @@
 host (``ValueError`` or ``TypeError`` before anything is traced or compiled),
 chooses the step's implementation (the fused GPU step, the native CPU step or the
 XLA step; two buffers or in place) and builds the arrays the step reads: the
-boundary arrays in the population layout and a force field. The configuration is the
-static part of a simulation's pytree (:class:`SimulationConfig`), the arrays its
-leaves (:class:`StepArrays`).
+boundary arrays in the population layout, a force field and the gray cells' solid
+fraction. The configuration is the static part of a simulation's pytree
+(:class:`SimulationConfig`), the arrays its leaves (:class:`StepArrays`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from lbm_jax.core._validation import (
     check_density,
     check_shape,
     check_slab,
+    check_solid_fraction,
     check_speed,
     is_traced,
     traced_field,
@@ -49,11 +50,14 @@ class StepArrays(NamedTuple):
     """Arrays passed to the compiled step as arguments (not baked-in constants).
 
     ``boundary`` arrays are in the population layout ``(X, Q, ...)``; ``force`` is a
-    ``(D, *shape)`` field, a ``(D,)`` vector (a per-call force) or ``None``.
+    ``(D, *shape)`` field, a ``(D,)`` vector (a per-call force) or ``None``;
+    ``solid_fraction`` is the gray cells' ``n_s`` in the population layout with
+    one direction, ``(X, 1, ...)``, or ``None`` without gray cells.
     """
 
     boundary: BoundaryData
     force: jax.Array | None
+    solid_fraction: jax.Array | None = None
 
     def with_force(
         self, force: ArrayLike | None, shape: tuple[int, ...], dtype: Any
@@ -88,6 +92,7 @@ class StepArrays(NamedTuple):
             else PartitionSpec()
             if self.force.ndim == 1
             else decomp.grid_spec(lead=1, inner=0),
+            solid_fraction=None if self.solid_fraction is None else decomp.grid_spec(),
         )
 
 
@@ -142,6 +147,7 @@ def configure(
     wall_velocity: ArrayLike | None,
     boundary_density: ArrayLike,
     boundary_velocity: ArrayLike | None,
+    solid_fraction: ArrayLike | None,
     slab: int | None,
     devices: int | Sequence[int] | Mesh | None,
     streaming: str | Streaming,
@@ -169,6 +175,7 @@ def configure(
     check_speed("wall_velocity", uw, ct == CellType.WALL)
     check_speed("boundary_velocity", ub, ct == CellType.EQUILIBRIUM)
     fvec = None if force is None else host_force(force, lat.d, shape)
+    ns = None if solid_fraction is None else check_solid_fraction(solid_fraction, shape)
 
     decomp = decompose(devices, shape)
     local = shape if decomp is None else decomp.local_shape
@@ -176,19 +183,7 @@ def configure(
         slab = default_slab(lat, local, pol.compute_dtype.itemsize)
     slab = check_slab(slab, local[0])
     streaming = parse_streaming(streaming, 1 if decomp is None else decomp.mesh.size)
-    plan = plan_step(
-        backend,
-        lat,
-        pol,
-        model,
-        shape,
-        local,
-        force=fvec,
-        boundaries=bool((ct != CellType.FLUID).any()),
-        split_yz=decomp is not None and any(s > 1 for s in decomp.splits[1:]),
-        slab=slab,
-        streaming=streaming,
-    )
+    plan = _plan(backend, lat, pol, model, shape, decomp, fvec, ct, slab, streaming, ns)
     config = SimulationConfig(
         lattice=lat,
         shape=shape,
@@ -209,8 +204,46 @@ def configure(
         force=None
         if fvec is None or fvec.ndim == 1
         else jnp.asarray(fvec.astype(pol.compute_dtype)),
+        solid_fraction=None if ns is None else _solid_in_layout(ns, pol),
     )
     return config, arrays
+
+
+def _plan(
+    backend: str | Backend,
+    lat: Lattice,
+    pol: StoragePolicy,
+    model: CollisionModel,
+    shape: tuple[int, ...],
+    decomp: Decomposition | None,
+    fvec: np.ndarray | None,
+    ct: np.ndarray,
+    slab: int,
+    streaming: Streaming,
+    solid_fraction: Any,
+) -> StepPlan:
+    """The step plan of a configuration (:func:`lbm_jax.step.plan_step`)."""
+    return plan_step(
+        backend,
+        lat,
+        pol,
+        model,
+        shape,
+        shape if decomp is None else decomp.local_shape,
+        force=fvec,
+        boundaries=bool((ct != CellType.FLUID).any()),
+        split_yz=decomp is not None and any(s > 1 for s in decomp.splits[1:]),
+        slab=slab,
+        streaming=streaming,
+        gray=solid_fraction is not None,
+    )
+
+
+def _solid_in_layout(ns: ArrayLike, pol: StoragePolicy) -> jax.Array:
+    """A grid-shaped solid fraction in the compute dtype, layout ``(X, 1, ...)``."""
+    dtype = pol.compute_dtype
+    arr = ns.astype(dtype) if isinstance(ns, np.ndarray) else jnp.asarray(ns)
+    return to_layout(jnp.asarray(arr).astype(dtype)[None])
 
 
 def _in_layout(bnd: BoundaryData) -> BoundaryData:
@@ -226,13 +259,16 @@ def replaced_arrays(
     wall_velocity: ArrayLike | None,
     boundary_density: ArrayLike | None,
     boundary_velocity: ArrayLike | None,
+    solid_fraction: ArrayLike | None = None,
 ) -> tuple[SimulationConfig, StepArrays]:
     """``config`` and ``arrays`` with the given values in place of the
     construction ones (``None`` keeps one), as
     :meth:`lbm_jax.Simulation.with_arrays` documents.
 
     Host values are checked as the constructor checks them and recorded in the
-    configuration; traced values are checked for shape and dtype only.
+    configuration; traced values are checked for shape and dtype only. A solid
+    fraction given to a configuration without gray cells plans its step anew
+    (the native and GPU steps do not cover gray cells).
 
     Raises:
         ValueError, TypeError: As the constructor, for the values given.
@@ -274,7 +310,43 @@ def replaced_arrays(
             moving_walls=None if host else bool((ct == CellType.WALL).any()),
         )
         arrays = arrays._replace(boundary=_in_layout(bnd))
+    if solid_fraction is not None:
+        config, arrays = _with_solid_fraction(config, arrays, solid_fraction)
     return config, arrays.with_force(force, shape, config.storage.compute_dtype)
+
+
+def _with_solid_fraction(
+    config: SimulationConfig, arrays: StepArrays, solid_fraction: ArrayLike
+) -> tuple[SimulationConfig, StepArrays]:
+    """``config`` and ``arrays`` with a new solid fraction (checked: host values
+    as the constructor checks them, traced ones for shape and dtype), the step
+    planned anew where the configuration had no gray cells."""
+    shape = config.shape
+    if is_traced(solid_fraction):
+        ns = traced_field(
+            "solid_fraction",
+            solid_fraction,
+            (shape,),
+            f"of the grid's shape {shape} (one value per cell)",
+        )
+    else:
+        ns = check_solid_fraction(solid_fraction, shape)
+    if arrays.solid_fraction is None:
+        plan = _plan(
+            config.plan.requested,
+            config.lattice,
+            config.storage,
+            config.model,
+            shape,
+            config.decomp,
+            config.force,
+            config.cell_type,
+            config.slab,
+            config.streaming,
+            ns,
+        )
+        config = dataclasses.replace(config, plan=plan)
+    return config, arrays._replace(solid_fraction=_solid_in_layout(ns, config.storage))
 
 
 def _traced_vector(name: str, value: Any, d: int, shape: tuple[int, ...]) -> jax.Array:

@@ -77,6 +77,7 @@ from lbm_jax.sim._readout import (
     readout_force,
 )
 from lbm_jax.step._backend import Backend, resolve_alias
+from lbm_jax.step._layout import from_layout
 from lbm_jax.step._xla_inplace import Streaming
 
 __all__ = ["LBMState", "Simulation"]
@@ -122,6 +123,21 @@ class Simulation:
         boundary_density: Density of ``EQUILIBRIUM`` cells, scalar or grid-shaped.
         boundary_velocity: Velocity of ``EQUILIBRIUM`` cells, ``(D,)`` or
             ``(D, *shape)``.
+        solid_fraction: Gray cells: a grid-shaped array of solid fractions
+            ``n_s`` in ``[0, 1]``, or ``None`` (default) for none. Each cell
+            sends out ``(1 - n_s) f_i* + n_s f_opp(i)``, its collided
+            populations blended with its own pre-collision populations
+            reversed (the partial bounce-back of Walsh, Burwinkle & Saar 2009):
+            ``n_s = 0`` is plain fluid, ``n_s = 1`` a solid cell whose walls lie
+            half-way to its fluid neighbours (in a steady flow), values between
+            a porous medium
+            (uniform ``n_s`` under a force ``F``: pre-collision momentum
+            ``(1 - n_s) F / (2 n_s)``). The blend conserves mass and is smooth in
+            ``n_s``, so a shape can be optimised with ``jax.grad`` through
+            :meth:`with_arrays`. :func:`lbm_jax.density` and
+            :func:`lbm_jax.velocity` read the stored populations' moments as in
+            fluid cells. Gray cells run on the XLA step (split grids
+            included: the array is split like the grid).
         slab: Tuning knob: x-planes per cache tile of the compiled step; by
             default chosen from the plane size. Results do not depend on it.
         devices: Domain decomposition: ``None`` runs on one device; an int
@@ -147,10 +163,11 @@ class Simulation:
             (compiled on first use, called through ``jax.ffi``) where it covers
             the configuration (D2Q9, D3Q19, D3Q27 BGK with FP32/FP32, FP32/FP16S,
             FP32/FP16C or FP32/bfloat16 storage, DDF-shifted, at least 128 cells
-            per x-plane, split along x at most), on a GPU the fused GPU step (one
-            Pallas kernel per step, ``lbm_jax.step._gpu``: D2Q9/D3Q19/D3Q27,
-            BGK or TRT with or without the Smagorinsky model, every storage,
-            boundaries and forces, split along x at most), and the XLA step
+            per x-plane, split along x at most, no gray cells), on a GPU the
+            fused GPU step (one Pallas kernel per step, ``lbm_jax.step._gpu``:
+            D2Q9/D3Q19/D3Q27, BGK or TRT with or without the Smagorinsky model,
+            every storage, boundaries and forces, split along x at most, no gray
+            cells), and the XLA step
             elsewhere; ``"native"`` and ``"gpu"`` require theirs (``ValueError``
             saying why not); ``"xla"`` runs the XLA step. The native step is
             bit-identical to the XLA step, the GPU step agrees to within
@@ -161,7 +178,8 @@ class Simulation:
     Raises:
         ValueError: Unknown lattice/storage/collision, ``tau`` too close to 1/2,
             velocities above the low-Mach limit, masks or fields whose shape does
-            not match the grid, float64 storage with x64 disabled.
+            not match the grid, a solid fraction outside ``[0, 1]``, float64
+            storage with x64 disabled.
         TypeError: Arguments of the wrong type.
     """
 
@@ -180,6 +198,7 @@ class Simulation:
         wall_velocity: ArrayLike | None = None,
         boundary_density: ArrayLike = 1.0,
         boundary_velocity: ArrayLike | None = None,
+        solid_fraction: ArrayLike | None = None,
         slab: int | None = None,
         devices: int | Sequence[int] | Mesh | None = None,
         streaming: str | Streaming = "auto",
@@ -200,6 +219,7 @@ class Simulation:
             wall_velocity=wall_velocity,
             boundary_density=boundary_density,
             boundary_velocity=boundary_velocity,
+            solid_fraction=solid_fraction,
             slab=slab,
             devices=devices,
             streaming=streaming,
@@ -267,6 +287,14 @@ class Simulation:
     def wall_velocity(self) -> np.ndarray:
         """Velocity of the ``WALL`` cells, ``(D, *shape)`` float64 (read-only)."""
         return self._static.wall_velocity
+
+    @property
+    def solid_fraction(self) -> jax.Array | None:
+        """The gray cells' solid fraction, grid-shaped in the compute dtype (a
+        traced value inside a transformation where :meth:`with_arrays` was given
+        one), or ``None`` without gray cells."""
+        ns = self._aux.solid_fraction
+        return None if ns is None else from_layout(ns)[0]
 
     @property
     def num_cells(self) -> int:
@@ -353,15 +381,25 @@ class Simulation:
         wall_velocity: ArrayLike | None = None,
         boundary_density: ArrayLike | None = None,
         boundary_velocity: ArrayLike | None = None,
+        solid_fraction: ArrayLike | None = None,
     ) -> Simulation:
-        """This simulation with new force or boundary values; the same
-        configuration and compiled steps (no recompilation for new values).
+        """This simulation with new force, boundary or solid-fraction values;
+        the same configuration and compiled steps (no recompilation for new
+        values).
 
         The values may be traced, so a derivative or a batch passes through
-        them: ``jax.grad`` of a cavity's flow by its lid speed, ``jax.vmap``
-        over inflow densities. Host values are checked as the constructor
-        checks them; traced ones for shape only. An argument left ``None``
-        keeps its value as it is.
+        them: ``jax.grad`` of a cavity's flow by its lid speed or of a channel's
+        by the shape of a gray obstacle, ``jax.vmap`` over inflow densities.
+        Host values are checked as the constructor checks them; traced ones for
+        shape only (a traced solid fraction's values are not checked to lie in
+        ``[0, 1]``). An argument left ``None`` keeps its value as it is.
+
+        A simulation built without gray cells takes a solid fraction too, but
+        then plans its step anew: the native and GPU steps do not cover gray
+        cells, so the XLA step runs (``backend="native"`` or ``"gpu"`` raises
+        ``ValueError``), and the new configuration compiles its own programs.
+        To give a traced solid fraction to the same compiled steps again and
+        again, build the simulation with one (``solid_fraction=np.zeros(shape)``).
 
         Args:
             force: Body force of every step, ``(D,)`` or ``(D, *shape)`` (as if
@@ -369,6 +407,8 @@ class Simulation:
             wall_velocity: Velocity of the ``WALL`` cells.
             boundary_density: Density of the ``EQUILIBRIUM`` cells.
             boundary_velocity: Velocity of the ``EQUILIBRIUM`` cells.
+            solid_fraction: The gray cells' solid fraction, grid-shaped, in
+                ``[0, 1]`` (see the constructor).
 
         Each value left ``None`` is kept as it is.
 
@@ -391,6 +431,7 @@ class Simulation:
             wall_velocity=wall_velocity,
             boundary_density=boundary_density,
             boundary_velocity=boundary_velocity,
+            solid_fraction=solid_fraction,
         )
         return Simulation.tree_unflatten(
             static, (aux if is_traced(aux) else self._place(aux),)

@@ -65,8 +65,9 @@ def make_step_into(
         constant_force: Force components as scalars, or ``None``; used when
             ``aux.force`` is ``None``.
 
-    ``aux`` carries the boundary arrays in population layout and the force: ``None``, a
-    ``(D,)`` vector or a ``(D, X, ...)`` field (it replaces ``constant_force``).
+    ``aux`` carries the boundary arrays in population layout, the force: ``None``, a
+    ``(D,)`` vector or a ``(D, X, ...)`` field (it replaces ``constant_force``), and
+    the gray cells' solid fraction, ``(X, 1, ...)`` or ``None`` (:func:`make_relax`).
     ``f`` and ``g`` are stored populations ``(X, Q, *rest)``; ``g``'s content is
     overwritten.
     ``halos``, when given, holds one entry per grid axis: ``None`` where ``f``
@@ -251,8 +252,19 @@ def make_relax(
 
     Decodes the pulled populations, applies bounce-back (reflecting ``main``, the
     slab's post-collision populations, plus the moving-wall term), collides with
-    the slab's force, encodes, and restores fixed cells; ``x0`` is the slab's first
-    x-plane in the arrays of ``aux`` (see :func:`make_step_into`).
+    the slab's force, blends in the gray cells' partial bounce-back, encodes, and
+    restores fixed cells; ``x0`` is the slab's first x-plane in the arrays of
+    ``aux`` (see :func:`make_step_into`).
+
+    Gray cells (``aux.solid_fraction``, ``n_s`` in ``(X, 1, *rest)``, or ``None``
+    for none) follow the partial bounce-back of Walsh, Burwinkle & Saar (2009):
+    a cell sends out ``(1 - n_s) f_i* + n_s f_opp(i)``, its collided populations
+    ``f*`` blended with its own pre-collision populations ``f`` reversed. Both
+    parts carry the cell's mass, so the blend conserves it; it is linear, hence
+    smooth, in ``n_s``; ``n_s = 0`` is plain fluid, ``n_s = 1`` reflects every
+    population (full-way bounce-back: a solid cell, the wall half-way to its
+    fluid neighbours in a steady flow). The DDF shift passes through the blend
+    (opposite directions share a weight).
     """
     b = int(slab)
 
@@ -274,6 +286,9 @@ def make_relax(
         out, _, _ = collide(
             lattice, model, fs, shift=storage.shift, force=force, axis=1
         )
+        if aux.solid_fraction is not None:
+            ns = _slab(aux.solid_fraction, x0, b)
+            out = out + ns * (reverse(lattice, fs, axis=1) - out)
         stored = storage.encode(out)
         if bnd.fixed is not None:
             stored = jnp.where(
