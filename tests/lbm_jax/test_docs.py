@@ -152,6 +152,20 @@ def test_guide_first_gradient_example_runs(capsys):
     np.testing.assert_allclose(grad, 2 * energy / 0.05, rtol=1e-2)
 
 
+@pytest.mark.slow  # a gradient and a run: about 20 s on two busy cores
+def test_guide_gray_obstacle_example_runs(capsys):
+    namespace: dict = {}
+    exec(
+        block_after(DOCS / "lbm/gradients.md", "## A differentiable geometry"),
+        namespace,
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "True"
+    rate, opened = (float(v) for v in lines[1].split())
+    assert opened > rate > 0
+    assert namespace["channel"].backend == "xla"
+
+
 @pytest.mark.slow
 def test_guide_lid_speed_and_ensemble_example_runs(capsys):
     namespace: dict = {}
