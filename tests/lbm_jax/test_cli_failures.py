@@ -96,6 +96,7 @@ def test_a_damaged_run_file_is_one_message_and_exit_2(tmp_path, capsys, damage):
         run_case("poiseuille", n=8, steps=200, out_dir=out, resume=True)
 
 
+@pytest.mark.slow
 def test_an_interrupt_is_one_message_and_exit_2(tmp_path):
     out = tmp_path / "run"
     argv = _cli(

@@ -61,7 +61,9 @@ def _errors(storage, shift, reference):
     return mass_err, vel_err
 
 
-@pytest.mark.parametrize("storage", ["fp16", "fp16s"])
+@pytest.mark.parametrize(
+    "storage", [pytest.param("fp16", marks=pytest.mark.slow), "fp16s"]
+)
 def test_ddf_shifting_reduces_16bit_errors(storage, reference):
     mass_shift, vel_shift = _errors(storage, True, reference)
     mass_plain, vel_plain = _errors(storage, False, reference)

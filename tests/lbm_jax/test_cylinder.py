@@ -37,6 +37,7 @@ def test_periodic_tail_leaves_out_a_start_up_transient():
     assert math.isnan(f) and periods == 0
 
 
+@pytest.mark.slow
 def test_a_cylinder_run_shorter_than_the_shedding_gets_no_strouhal_number():
     # 500 steps at D = 10 are 2.5 D / U: pressure waves, no shedding yet (the
     # analysis used to report St 4.07 from them, with no warning)

@@ -68,7 +68,7 @@ CURVATURE_TOLERANCE = {
 
 @pytest.mark.parametrize("offset", [0.0, 0.37], ids=["centred", "off-grid"])
 @pytest.mark.parametrize(
-    "radius", [4.0, 8.0, pytest.param(16.0, marks=pytest.mark.slow)]
+    "radius", [4.0, *(pytest.param(r, marks=pytest.mark.slow) for r in (8.0, 16.0))]
 )
 @pytest.mark.parametrize("method", ["height", "smoothed"])
 @pytest.mark.parametrize("dims", [2, 3])

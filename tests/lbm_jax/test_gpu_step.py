@@ -192,9 +192,10 @@ def test_gpu_step_with_x_ghost_planes():
         assert close, f"sub-domain at x = {lo} differs (up to {worst} codes)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("collision", "storage"),
-    [pytest.param("bgk", "fp32", marks=pytest.mark.slow), ("trt", "fp16s")],
+    [("bgk", "fp32"), ("trt", "fp16s")],
 )
 def test_gpu_step_with_the_smagorinsky_model(collision, storage):
     """The subgrid model's per-cell rates (which the free-surface impacts use)

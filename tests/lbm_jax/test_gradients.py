@@ -219,9 +219,8 @@ def test_advance_gradient_matches_float64_central_differences(x64, collision):
     np.testing.assert_allclose(grad, central, rtol=1e-7)
 
 
-@pytest.mark.parametrize(
-    "every", [(6, 2), *(pytest.param(e, marks=pytest.mark.slow) for e in (1, 5, None))]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("every", [(6, 2), 1, 5, None])
 def test_checkpointing_does_not_change_the_gradient(x64, every):
     sim = _cavity("fp64")
     tape = jax.grad(functools.partial(_energy, sim, checkpoint_every=1))(1.0)
@@ -237,9 +236,8 @@ def test_forward_and_reverse_mode_agree_through_advance():
     np.testing.assert_allclose(float(tangent), float(jax.grad(fn)(1.0)), rtol=1e-3)
 
 
-@pytest.mark.parametrize(
-    "storage", ["FP32/FP16S", pytest.param("FP32/FP16", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["FP32/FP16S", "FP32/FP16"])
 def test_16bit_advance_gradient_within_one_percent_of_float64(x64, storage):
     want = float(jax.grad(functools.partial(_energy, _cavity("fp64")))(1.0))
     got = float(jax.grad(functools.partial(_energy, _cavity(storage)))(1.0))
@@ -315,6 +313,7 @@ def _vortex_strength(sim, lid):
     return jnp.sum(u[0, 6, :] * jnp.sign(jnp.arange(12.0) - 5.5))
 
 
+@pytest.mark.slow
 def test_lid_speed_gradient_matches_float64_central_differences(x64):
     sim = _lid_cavity()
     fn = functools.partial(_vortex_strength, sim)

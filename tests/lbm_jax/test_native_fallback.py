@@ -85,6 +85,7 @@ needs_capable_cpu = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_capable_cpu
 def test_failing_compiler_falls_back_and_is_remembered(tmp_path):
     cxx, log = _logging_compiler(tmp_path)
@@ -121,6 +122,7 @@ def test_processes_building_at_once_compile_once(tmp_path):
     assert _compiles(log) == 2 * len(_native_build.SOURCES)  # one build's attempts
 
 
+@pytest.mark.slow
 @needs_capable_cpu
 def test_compiler_that_fails_silently_falls_back(tmp_path):
     """``/bin/false`` exits 1 without a word: judged by the exit status."""

@@ -9,6 +9,7 @@ from lbm_jax.cases import prepare_case, run_case
 from lbm_jax.cases.poiseuille import analytic_profile, predicted_slip
 
 
+@pytest.mark.slow
 def test_poiseuille_trt_magic_fp64_matches_parabola_to_roundoff(x64):
     res = run_case("poiseuille", n=16, storage="fp64", collision="trt")
     s = res.summary

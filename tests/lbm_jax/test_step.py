@@ -130,7 +130,7 @@ def _channel(lattice, n_fluid, *, tau, collision, magic=3 / 16, g=1e-5):
     [
         ("D2Q9", "bgk", 0.5 + np.sqrt(3 / 16), 3 / 16),
         ("D2Q9", "trt", 1.4, 3 / 16),
-        ("D3Q19", "trt", 0.7, 3 / 16),
+        pytest.param("D3Q19", "trt", 0.7, 3 / 16, marks=pytest.mark.slow),
     ],
 )
 def test_poiseuille_is_exact_with_mid_link_walls(lattice, collision, tau, magic, x64):
@@ -157,10 +157,11 @@ def test_poiseuille_bgk_slip_off_magic_tau(x64):
     np.testing.assert_allclose(ux, no_slip + slip, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("lattice", "shape", "kwargs"),
     [
-        pytest.param("D3Q19", (8, 5, 4), {"collision": "trt"}, marks=pytest.mark.slow),
+        ("D3Q19", (8, 5, 4), {"collision": "trt"}),
         (
             "D2Q9",
             (12, 8),

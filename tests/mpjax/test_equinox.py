@@ -198,6 +198,7 @@ def test_fp8_products_in_equinox_linear_layers_train_their_scales():
     assert float(first.scale[0]) == pytest.approx(float(jnp.abs(x).max()) / 448.0, 1e-2)
 
 
+@pytest.mark.slow
 def test_fp8_linear_under_vmap_records_the_batch_amax_not_a_sum():
     config = mpjax.Fp8Config(history_length=4)
     model = mpjax.apply_policy(

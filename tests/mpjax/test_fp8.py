@@ -206,6 +206,7 @@ def test_fp8_operands_reach_the_product_as_the_gpu_rewriter_expects():
 # --- NNX integration and training ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion  # optax.adam promotes internally
 def test_fp8_trains_through_nnx_optimizer_with_the_model_config():
     config = Fp8Config(history_length=4, margin=1)

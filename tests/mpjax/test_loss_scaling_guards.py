@@ -153,6 +153,7 @@ def _mlp_loss(params, batch):
     return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), axis=-1))
 
 
+@pytest.mark.slow
 @pytest.mark.standard_promotion  # optax.adam promotes internally
 def test_float16_masters_with_adam_warn_and_never_turn_non_finite():
     # policy "half" (float16 masters) + Adam + dynamic loss scaling on digits:
