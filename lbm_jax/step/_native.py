@@ -88,11 +88,17 @@ def _build() -> tuple[Path | None, str]:
 @functools.cache
 def _register(path: Path) -> str | None:
     """Load the library and register its FFI targets; why that failed, or None."""
+    # the adjoint's module builds on this one
+    from lbm_jax.step._native_adjoint import ADJOINT_STORAGES, adjoint_target
+
     try:
         lib = ctypes.CDLL(str(path))
         for lat in LATTICES:
             for suffix in _STORAGES.values():
-                for name in (_target(lat, suffix), _fs_target(lat, suffix)):
+                names = [_target(lat, suffix), _fs_target(lat, suffix)]
+                if suffix in ADJOINT_STORAGES:
+                    names.append(adjoint_target(lat, suffix))
+                for name in names:
                     jax.ffi.register_ffi_target(
                         name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
                     )
