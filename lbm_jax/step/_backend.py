@@ -17,10 +17,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_derivatives import SymbolicZero, linear_call
 
 from lbm_jax.core._lattice import did_you_mean
+from lbm_jax.core._remat import jvp_of_perturbed
 
 __all__ = [
     "BACKENDS",
@@ -249,7 +249,7 @@ def with_derivative_of(
             aux, f = primals[:2]
             if all(_is_zero(t) for t in jax.tree.leaves(tangents[0], is_leaf=_is_zero)):
                 return fun(*primals), _transposable(aux, f, tangents[1])
-        return jax.jvp(reference, primals, _instantiate(tangents))
+        return jvp_of_perturbed(reference, primals, tangents)
 
     def _transposable(aux: Any, f: jax.Array, df: Any) -> jax.Array:
         if _is_zero(df):  # only g (whose content is unused) carries a tangent
@@ -265,22 +265,9 @@ def with_derivative_of(
 
         return linear_call(jvp, vjp, (aux, f), df)
 
-    wrapped.defjvp(_rule, symbolic_zeros=adjoint is not None)
+    wrapped.defjvp(_rule, symbolic_zeros=True)
     return wrapped
 
 
 def _is_zero(t: Any) -> bool:
     return isinstance(t, SymbolicZero)
-
-
-def _instantiate(tangents: Any) -> Any:
-    """``tangents`` with every symbolic zero made an array of zeros."""
-
-    def zeros(t: Any) -> Any:
-        if not _is_zero(t):
-            return t
-        if t.dtype == jax.dtypes.float0:
-            return np.zeros(t.shape, jax.dtypes.float0)
-        return jnp.zeros(t.shape, t.dtype)
-
-    return jax.tree.map(zeros, tangents, is_leaf=_is_zero)
