@@ -161,8 +161,8 @@ def test_force_field_gradient_takes_the_xla_derivative():
 def test_uncovered_configurations_say_why():
     sim = _boxed("D2Q9", "FP32/FP16C", backend="native")
     assert sim.backends["derivative"] == "xla"
-    why = sim._static.plan.why_not_native_derivative  # noqa: SLF001
-    assert "FP32/FP32 or FP32/FP16S" in why
+    assert "FP32/FP32 or FP32/FP16S" in sim.derivative_reason
+    assert _boxed("D2Q9", "FP32/FP32", backend="native").derivative_reason is None
 
 
 def test_vmap_of_the_native_derivative_raises():
@@ -171,6 +171,13 @@ def test_vmap_of_the_native_derivative_raises():
     sim = _boxed("D2Q9", "FP32/FP32", backend="native")
     with pytest.raises(NotImplementedError):
         jax.vmap(jax.grad(functools.partial(_energy, sim)))(jnp.array([0.0, 0.01]))
+
+
+def test_second_derivatives_raise():
+    sim = _boxed("D2Q9", "FP32/FP32", backend="native")
+    energy = functools.partial(_energy, sim, steps=1)
+    with pytest.raises(ValueError, match="cannot be differentiated"):
+        jax.grad(jax.grad(energy))(jnp.float32(0.01))
 
 
 def test_jit_of_the_native_gradient_equals_eager():
