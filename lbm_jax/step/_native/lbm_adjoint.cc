@@ -49,6 +49,8 @@ constexpr int kTileCells = 512;  // cells of one pulled tile (as in lbm_step.cc)
 struct CtF32 {
   using T = float;
   static constexpr ffi::DataType kType = ffi::DataType::F32;
+  static constexpr uintptr_t kStreamAlign = 32;
+  static void stream8(T* p, __m256 v) { _mm256_stream_ps(p, v); }
   static __m256 load8(const T* p) { return _mm256_loadu_ps(p); }
   static float load1(const T* p) { return *p; }
   static void store8(T* p, __m256 v) { _mm256_storeu_ps(p, v); }
@@ -58,6 +60,11 @@ struct CtF32 {
 struct CtF16 {
   using T = uint16_t;
   static constexpr ffi::DataType kType = ffi::DataType::F16;
+  static constexpr uintptr_t kStreamAlign = 16;
+  static void stream8(T* p, __m256 v) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
   static __m256 load8(const T* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
@@ -166,18 +173,22 @@ void adjoint_row(const float* s, int sn, float* g, int gn, int n, const Params<L
   for (; z < n; ++z) adjoint_cells<L, Scalar, Force>(s, sn, g, gn, z, p);
 }
 
-// dst[k] = a[k] (+ b[k]), k < n, converted to the cotangent type.
+// dst[k] = src[(k + shift) mod n] (+ b[k]), k < n, converted to the cotangent
+// type: a row assembled in `row` (n floats, in L1), then written with
+// non-temporal stores (no read for ownership) where dst is aligned for them.
 template <class G>
-inline void emit(const float* a, const float* b, typename G::T* dst, int n) {
+inline void emit_row(const float* src, int shift, const float* b, float* row,
+                     typename G::T* dst, int n) {
+  const int first = n - shift;
+  for (int k = 0; k < first; ++k) row[k] = src[shift + k];
+  for (int k = 0; k < shift; ++k) row[first + k] = src[k];
+  if (b)
+    for (int k = 0; k < n; ++k) row[k] += b[k];
   int k = 0;
-  if (b) {
-    for (; k + 8 <= n; k += 8)
-      G::store8(dst + k, _mm256_add_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k)));
-    for (; k < n; ++k) G::store1(dst + k, a[k] + b[k]);
-  } else {
-    for (; k + 8 <= n; k += 8) G::store8(dst + k, _mm256_loadu_ps(a + k));
-    for (; k < n; ++k) G::store1(dst + k, a[k]);
-  }
+  if (reinterpret_cast<uintptr_t>(dst) % G::kStreamAlign == 0)
+    for (; k + 8 <= n; k += 8) G::stream8(dst + k, _mm256_loadu_ps(row + k));
+  for (; k + 8 <= n; k += 8) G::store8(dst + k, _mm256_loadu_ps(row + k));
+  for (; k < n; ++k) G::store1(dst + k, row[k]);
 }
 
 template <class T>
@@ -280,7 +291,8 @@ struct Adjoint {
 
   // fbar of plane x: fbar_i(x, y, z) = P_i(x + cx, y + cy, z + cz) + B_i(x, y, z),
   // with `ring[k]` the P of plane x - 1 + k.
-  static void plane_gather(float* const ring[3], const float* B, TG* out, int ny, int nz) {
+  static void plane_gather(float* const ring[3], const float* B, TG* out, int ny, int nz,
+                           float* row_buf) {
     const int pn = ny * nz;
     for (int i = 0; i < Q; ++i) {
       const int cx = L::C[i][0];
@@ -288,14 +300,11 @@ struct Adjoint {
       const int cz = L::C[i][L::D - 1];
       const float* src_plane = ring[1 + cx] + static_cast<size_t>(i) * pn;
       const int start = ((cz % nz) + nz) % nz;
-      const int first = nz - start;
       for (int y = 0; y < ny; ++y) {
         const int ys = ((y + cy) % ny + ny) % ny;
         const float* src = src_plane + static_cast<size_t>(ys) * nz;
         const size_t row = static_cast<size_t>(i) * pn + static_cast<size_t>(y) * nz;
-        const float* b = B ? B + row : nullptr;
-        emit<G>(src + start, b, out + row, first);
-        emit<G>(src, b ? b + first : nullptr, out + row + first, nz - first);
+        emit_row<G>(src, start, B ? B + row : nullptr, row_buf, out + row, nz);
       }
     }
   }
@@ -353,6 +362,7 @@ struct Adjoint {
       const int x1 = static_cast<int>(static_cast<int64_t>(nx) * (r + 1) / runs);
       std::vector<float> buf(static_cast<size_t>(Q) * ty * tz);
       std::vector<float> ring(3 * plane), bring(bnd.bounce ? 3 * plane : 0);
+      std::vector<float> row_buf(static_cast<size_t>(nz));
       auto P = [&](int x) { return ring.data() + static_cast<size_t>((x + 3) % 3) * plane; };
       auto B = [&](int x) {
         return bnd.bounce ? bring.data() + static_cast<size_t>((x + 3) % 3) * plane
@@ -367,8 +377,10 @@ struct Adjoint {
       for (int x = x0; x < x1; ++x) {
         sbar(x + 1);
         float* const planes[3] = {P(x - 1), P(x), P(x + 1)};
-        plane_gather(planes, B(x), out + static_cast<size_t>(x) * plane, ny, nz);
+        plane_gather(planes, B(x), out + static_cast<size_t>(x) * plane, ny, nz,
+                     row_buf.data());
       }
+      _mm_sfence();  // order the non-temporal stores before returning
     }
     return ffi::Error::Success();
   }
