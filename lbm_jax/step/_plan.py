@@ -51,7 +51,8 @@ class StepPlan:
         why_not_faster: Why no faster backend runs (every candidate's reason),
             or ``None`` when the fastest one for this machine runs.
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
-            derivative is that of ``reference_step_into``.
+            derivative is that of ``reference_step_into``, transposed by the
+            native adjoint where ``backend_derivative`` is ``Backend.NATIVE``.
         reference_step_into: The XLA step over the whole grid at once
             (``lbm_jax.step._xla.make_whole_grid_step``): the same values to
             within rounding, the step whose derivative every backend takes
