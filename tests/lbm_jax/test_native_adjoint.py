@@ -76,6 +76,23 @@ def test_native_vjp_equals_the_xla_steps(lattice, storage):
     np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6)
 
 
+def test_rows_longer_than_a_tile_equal_the_xla_steps():
+    """Rows of more than 512 cells are pulled in pieces (a 2D grid's rows)."""
+    shape = (3, 1032)
+    cells = np.zeros(shape, np.int8)
+    cells[1, 5] = lbm_jax.CellType.SOLID
+    native, xla = (
+        lbm_jax.Simulation(
+            "D2Q9", shape, tau=0.9, cell_type=cells, force=(1e-5, 0.0), backend=b
+        )
+        for b in ("native", "xla")
+    )
+    f = native.init(u=(0.02, 0.01)).f
+    ct = jnp.asarray(np.random.default_rng(2).standard_normal(f.shape), f.dtype)
+    want = _step_vjp(xla, f, ct)
+    np.testing.assert_allclose(_step_vjp(native, f, ct), want, rtol=1e-5, atol=1e-6)
+
+
 def test_fixed_cells_pass_no_cotangent():
     sim = _boxed("D2Q9", "FP32/FP32", backend="native")
     f = _start(sim)
