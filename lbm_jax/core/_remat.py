@@ -30,12 +30,14 @@ from typing import Any
 
 import jax
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 __all__ = [
     "MAX_LEVELS",
     "checkpoint_levels",
     "checkpointed_loop",
     "differentiable_loop",
+    "jvp_of_perturbed",
 ]
 
 #: At most this many nested levels by default: each costs one more forward pass
@@ -156,11 +158,44 @@ def differentiable_loop(
     def loop(params: Any, state: Any) -> Any:
         return fast(params, state)
 
-    @loop.defjvp
     def _checkpointed(primals: tuple, tangents: tuple) -> tuple:
         def reference(params: Any, state: Any) -> Any:
             return checkpointed_loop(lambda s: step(params, s), state, steps, levels)
 
-        return jax.jvp(reference, primals, tangents)
+        return jvp_of_perturbed(reference, primals, tangents)
 
+    loop.defjvp(_checkpointed, symbolic_zeros=True)
     return loop(*args)
+
+
+def jvp_of_perturbed(fun: Callable[..., Any], primals: tuple, tangents: tuple) -> tuple:
+    """``jax.jvp(fun, primals, tangents)`` in a ``custom_jvp`` rule defined with
+    ``symbolic_zeros=True``: the leaves whose tangent is a symbolic zero are held
+    constant (closed over) instead of given zero tangents, so the derivative
+    rules inside ``fun`` see them as not differentiated too.
+
+    >>> import jax
+    >>> f = jax.custom_jvp(lambda a, b: a * b)
+    >>> f.defjvp(lambda p, t: jvp_of_perturbed(lambda a, b: a * b, p, t),
+    ...          symbolic_zeros=True)
+    <function <lambda> at ...>
+    >>> float(jax.grad(f)(2.0, 3.0))
+    3.0
+    """
+    leaves, tree = jax.tree.flatten(primals)
+    dots = jax.tree.leaves(tangents, is_leaf=_is_zero)
+    moving = [k for k, t in enumerate(dots) if not _is_zero(t)]
+
+    def of_moving(*values: Any) -> Any:
+        full = list(leaves)
+        for k, v in zip(moving, values, strict=True):
+            full[k] = v
+        return fun(*jax.tree.unflatten(tree, full))
+
+    return jax.jvp(
+        of_moving, tuple(leaves[k] for k in moving), tuple(dots[k] for k in moving)
+    )
+
+
+def _is_zero(t: Any) -> bool:
+    return isinstance(t, SymbolicZero)

@@ -24,12 +24,13 @@ def step(
     f: jax.Array,
     g: jax.Array,
     *,
-    reference: bool = False,
+    differentiated: bool = False,
 ) -> jax.Array:
     """One step from ``f`` into ``g`` (exchanging halos when split);
-    ``reference``: the reference (XLA) step, whatever the backend."""
+    ``differentiated``: the step a checkpointed derivative runs (the reference
+    XLA step, or the native step where its adjoint differentiates it)."""
     plan = config.plan
-    step_into = plan.reference_step_into if reference else plan.step_into
+    step_into = plan.differentiated_step_into if differentiated else plan.step_into
     if config.decomp is None:
         return step_into(aux, f, g)
     return step_into(aux, f, g, exchange(f, config.decomp))
@@ -63,10 +64,11 @@ def differentiable_advance(
     levels: tuple[int, ...],
 ) -> jax.Array:
     """:func:`advance` by ``steps`` (a Python int), differentiated as the
-    reference step's checkpointed loop with segment lengths ``levels``."""
+    checkpointed loop of the plan's differentiated step with segment lengths
+    ``levels``."""
     return differentiable_loop(
         lambda aux, f: advance(config, aux, f, jnp.int32(steps)),
-        lambda aux, f: step(config, aux, f, jnp.zeros_like(f), reference=True),
+        lambda aux, f: step(config, aux, f, jnp.zeros_like(f), differentiated=True),
         (aux, f),
         steps,
         levels,

@@ -317,9 +317,10 @@ class Simulation:
         """The backend that runs each kind of call: ``"step"``, ``"step_force"``
         (a step given a force per call: the native step runs the XLA step for
         it), ``"advance"`` (in-place streaming on the native backend runs the
-        XLA step's in-place loop) and ``"derivative"`` (the step that ``jax.jvp``
-        and ``jax.grad`` differentiate, and that runs under them: the XLA step on
-        every backend for now)."""
+        XLA step's in-place loop) and ``"derivative"`` (whose derivative
+        ``jax.grad`` takes: ``"native"`` where the native step's adjoint
+        transposes it, else ``"xla"``, the XLA step running under the derivative;
+        :attr:`derivative_reason` says why not the native adjoint)."""
         plan = self._static.plan
         return {
             "step": plan.backend.value,
@@ -339,6 +340,13 @@ class Simulation:
         """Why no faster backend runs this simulation (each candidate's reason),
         or ``None`` when the fastest for this machine runs."""
         return self._static.plan.why_not_faster
+
+    @property
+    def derivative_reason(self) -> str | None:
+        """Why reverse mode does not run the native step's adjoint (the XLA
+        step's derivative runs instead), or ``None`` when it does (see
+        :attr:`backends`, ``"derivative"``)."""
+        return self._static.plan.why_not_native_derivative
 
     @property
     def kernel(self) -> str:

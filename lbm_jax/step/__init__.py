@@ -7,7 +7,8 @@ populations in the layout of ``lbm_jax.step._layout``:
   streaming in ``lbm_jax.step._xla_inplace``), the reference every other
   backend is tested against;
 * ``"native"``: the fused C++ CPU step through ``jax.ffi``
-  (``lbm_jax.step._native``, built by ``lbm_jax.step._native_build``);
+  (``lbm_jax.step._native``, built by ``lbm_jax.step._native_build``), with
+  its adjoint for reverse mode (``lbm_jax.step._native_adjoint``);
 * ``"gpu"``: the fused Pallas GPU step (``lbm_jax.step._gpu``, its in-kernel
   cell arithmetic in ``lbm_jax.step._gpu_cells``).
 

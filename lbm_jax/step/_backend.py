@@ -16,11 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero, linear_call
 
 from lbm_jax.core._lattice import did_you_mean
+from lbm_jax.core._remat import jvp_of_perturbed
 
 __all__ = [
     "BACKENDS",
+    "Adjoint",
     "Backend",
     "Candidate",
     "Choice",
@@ -193,16 +197,42 @@ def without_derivative(fun: Callable[..., Any], what: str) -> Callable[..., Any]
     return wrapped
 
 
+class Adjoint(NamedTuple):
+    """A fast step's own reverse-mode derivative (see :func:`with_derivative_of`).
+
+    Attributes:
+        covers: ``covers(aux, f, g[, halos])``: whether ``vjp`` differentiates
+            this call (decided while tracing, from shapes and static structure).
+        vjp: ``vjp(aux, f, ct) -> f_bar``: the cotangent of the populations ``f``
+            given the cotangent ``ct`` of the step's result (the step arrays
+            ``aux`` held constant).
+    """
+
+    covers: Callable[..., bool]
+    vjp: Callable[[Any, jax.Array, jax.Array], jax.Array]
+
+
 def with_derivative_of(
-    fun: Callable[..., Any], reference: Callable[..., Any]
+    fun: Callable[..., Any],
+    reference: Callable[..., Any],
+    adjoint: Adjoint | None = None,
 ) -> Callable[..., Any]:
-    """``fun``, differentiated as ``reference``.
+    """``fun``, differentiated as ``reference``, transposed by ``adjoint``.
 
     For a fast step (a foreign call, a Pallas kernel) that computes what the
-    differentiable ``reference`` computes (bit for bit, or to within rounding):
-    ``fun`` runs when nothing is differentiated; under ``jax.jvp``, ``jax.grad``
-    or ``jax.linearize`` the reference runs, primal and derivative alike, so the
-    derivative belongs to the values it is taken at.
+    differentiable ``reference`` computes (bit for bit, or to within rounding).
+    Without ``adjoint``: ``fun`` runs when nothing is differentiated; under
+    ``jax.jvp``, ``jax.grad`` or ``jax.linearize`` the reference runs, primal
+    and derivative alike, so the derivative belongs to the values it is taken at.
+
+    With ``adjoint`` (``fun`` and ``reference`` then take a step's arguments
+    ``(aux, f, g[, halos])``, ``g``'s content unused): where ``adjoint.covers``
+    the call and only ``f`` carries a tangent, ``fun`` computes the primal, the
+    tangent is the reference's (``jax.jvp`` stays exact) and its transpose,
+    which ``jax.grad`` and ``jax.vjp`` run, is ``adjoint.vjp``. A call whose step
+    arrays (``aux``: force, walls) carry a tangent, or that the adjoint does not
+    cover, is differentiated as without it. ``jax.vmap`` of the transposable
+    derivative raises (``linear_call`` has no batching rule).
 
     >>> import jax
     >>> fast_sin = with_derivative_of(jax.numpy.sin, jax.numpy.sin)
@@ -214,8 +244,30 @@ def with_derivative_of(
     def wrapped(*args: Any) -> Any:
         return fun(*args)
 
-    @wrapped.defjvp
-    def _reference(primals: tuple, tangents: tuple) -> Any:
-        return jax.jvp(reference, primals, tangents)
+    def _rule(primals: tuple, tangents: tuple) -> Any:
+        if adjoint is not None and adjoint.covers(*primals):
+            aux, f = primals[:2]
+            if all(_is_zero(t) for t in jax.tree.leaves(tangents[0], is_leaf=_is_zero)):
+                return fun(*primals), _transposable(aux, f, tangents[1])
+        return jvp_of_perturbed(reference, primals, tangents)
 
+    def _transposable(aux: Any, f: jax.Array, df: Any) -> jax.Array:
+        if _is_zero(df):  # only g (whose content is unused) carries a tangent
+            return jnp.zeros(f.shape, f.dtype)
+
+        def jvp(res: tuple, t: jax.Array) -> jax.Array:
+            aux, f = res
+            return jax.jvp(lambda f: reference(aux, f, f), (f,), (t,))[1]
+
+        def vjp(res: tuple, ct: jax.Array) -> jax.Array:
+            aux, f = res
+            return adjoint.vjp(aux, f, ct)
+
+        return linear_call(jvp, vjp, (aux, f), df)
+
+    wrapped.defjvp(_rule, symbolic_zeros=True)
     return wrapped
+
+
+def _is_zero(t: Any) -> bool:
+    return isinstance(t, SymbolicZero)

@@ -2,9 +2,11 @@
 encode in one pass) and the free-surface step.
 
 The XLA path of :mod:`lbm_jax.step._xla` is the reference and the fallback. This
-module builds a small C++ library from two sources, ``lbm_jax/step/_native/lbm_step.cc``
-(the plain step: the same step as the XLA path bit for bit, in one pass over
-memory) and ``lbm_jax/step/_native/lbm_free_surface.cc`` (the step of
+module builds a small C++ library from three sources,
+``lbm_jax/step/_native/lbm_step.cc`` (the plain step: the same step as the XLA
+path bit for bit, in one pass over memory), ``lbm_jax/step/_native/lbm_adjoint.cc``
+(its adjoint, which :mod:`lbm_jax.step._native_adjoint` calls) and
+``lbm_jax/step/_native/lbm_free_surface.cc`` (the step of
 :class:`lbm_jax.free_surface.FreeSurface`, equal to its XLA step to round-off; see
 :func:`make_native_free_surface_step`), sharing the codecs of
 ``lbm_jax/step/_native/lbm_codecs.h``, and calls them from compiled JAX code as XLA FFI
@@ -88,11 +90,17 @@ def _build() -> tuple[Path | None, str]:
 @functools.cache
 def _register(path: Path) -> str | None:
     """Load the library and register its FFI targets; why that failed, or None."""
+    # the adjoint's module builds on this one
+    from lbm_jax.step._native_adjoint import ADJOINT_STORAGES, adjoint_target
+
     try:
         lib = ctypes.CDLL(str(path))
         for lat in LATTICES:
             for suffix in _STORAGES.values():
-                for name in (_target(lat, suffix), _fs_target(lat, suffix)):
+                names = [_target(lat, suffix), _fs_target(lat, suffix)]
+                if suffix in ADJOINT_STORAGES:
+                    names.append(adjoint_target(lat, suffix))
+                for name in names:
                     jax.ffi.register_ffi_target(
                         name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
                     )

@@ -54,9 +54,9 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).with_name("_native")
-#: the library's sources (one library: the plain step and the free-surface step),
-#: compiled in parallel
-SOURCES = ("lbm_step.cc", "lbm_free_surface.cc")
+#: the library's sources (one library: the plain step, its adjoint and the
+#: free-surface step), compiled in parallel
+SOURCES = ("lbm_step.cc", "lbm_adjoint.cc", "lbm_free_surface.cc")
 #: headers the sources share (hashed into the build key with them)
 _HEADERS = ("lbm_codecs.h", "lbm_free_surface.h")
 LATTICES = ("D2Q9", "D3Q19", "D3Q27")

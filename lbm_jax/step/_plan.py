@@ -19,7 +19,7 @@ import numpy as np
 from lbm_jax.core._collision import CollisionModel
 from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
-from lbm_jax.step import _gpu, _gpu_inplace, _native
+from lbm_jax.step import _gpu, _gpu_inplace, _native, _native_adjoint
 from lbm_jax.step._backend import Backend, choose, parse_backend, with_derivative_of
 from lbm_jax.step._xla import make_step_into, make_whole_grid_step
 from lbm_jax.step._xla_inplace import Streaming, make_advance_inplace
@@ -40,16 +40,25 @@ class StepPlan:
         backend_advance: The backend of ``Simulation.advance``: the native step
             streams with two buffers only, so in-place streaming runs the XLA
             step's in-place loop.
-        backend_derivative: The backend whose derivative ``jax.jvp`` and
-            ``jax.grad`` take (the XLA step's: the native and GPU steps have
-            no adjoint kernels yet, so under differentiation the XLA step runs).
+        backend_derivative: The backend whose derivative ``jax.grad`` and
+            ``jax.vjp`` take: ``Backend.NATIVE`` where the native step's adjoint
+            (:mod:`lbm_jax.step._native_adjoint`) covers the configuration (the
+            native step then runs under differentiation, and ``jax.jvp`` takes
+            the XLA step's derivative), else ``Backend.XLA`` (the XLA step runs
+            under differentiation, primal and derivative).
+        why_not_native_derivative: Why the derivative is not the native
+            adjoint's, or ``None`` when it is.
         why_not_faster: Why no faster backend runs (every candidate's reason),
             or ``None`` when the fastest one for this machine runs.
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
-            derivative is that of ``reference_step_into``.
+            derivative is that of ``reference_step_into``, transposed by the
+            native adjoint where ``backend_derivative`` is ``Backend.NATIVE``.
         reference_step_into: The XLA step over the whole grid at once
             (``lbm_jax.step._xla.make_whole_grid_step``): the same values to
-            within rounding, the step every derivative takes.
+            within rounding, the step whose derivative every backend takes
+            except where the native adjoint transposes it.
+        differentiated_step_into: The step a checkpointed derivative runs:
+            ``step_into`` with the native adjoint, else ``reference_step_into``.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
             with two buffers).
     """
@@ -59,9 +68,11 @@ class StepPlan:
     backend_with_force: Backend
     backend_advance: Backend
     backend_derivative: Backend
+    why_not_native_derivative: str | None
     why_not_faster: str | None
     step_into: Callable[..., Any]
     reference_step_into: Callable[..., Any]
+    differentiated_step_into: Callable[..., Any]
     advance_inplace: Callable[..., Any] | None
 
     def lowering(self) -> contextlib.AbstractContextManager[None]:
@@ -139,22 +150,41 @@ def plan_step(
         lattice, storage, model, local, kernel_force, tiled
     )
     fast = step_maker(lattice, storage, model, local, slab, kernel_force)
-    step_into = with_derivative_of(fast, reference)
+    native = chosen.backend is Backend.NATIVE
+    why_not_adjoint = (
+        _native_adjoint.why_not_adjoint(
+            storage,
+            split=tuple(local) != tuple(shape),
+            force_field=force is not None and not constant,
+        )
+        if native
+        else f"the native adjoint differentiates the native step only (the "
+        f"{chosen.backend.value} step runs)"
+    )
+    adjoint = (
+        _native_adjoint.make_native_adjoint(
+            lattice, storage, model, local, kernel_force
+        )
+        if why_not_adjoint is None
+        else None
+    )
+    step_into = with_derivative_of(fast, reference, adjoint)
     advance_inplace = (
         inplace_maker(lattice, storage, model, shape, slab, kernel_force)
         if streaming is Streaming.INPLACE
         else None
     )
-    native = chosen.backend is Backend.NATIVE
     inplace = streaming is Streaming.INPLACE
     return StepPlan(
         requested=parse_backend(backend),
         backend=chosen.backend,
         backend_with_force=Backend.XLA if native else chosen.backend,
         backend_advance=Backend.XLA if native and inplace else chosen.backend,
-        backend_derivative=Backend.XLA,
+        backend_derivative=Backend.XLA if adjoint is None else Backend.NATIVE,
+        why_not_native_derivative=why_not_adjoint,
         why_not_faster=chosen.why_not_faster,
         step_into=step_into,
         reference_step_into=reference,
+        differentiated_step_into=reference if adjoint is None else step_into,
         advance_inplace=advance_inplace,
     )

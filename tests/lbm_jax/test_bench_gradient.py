@@ -14,8 +14,8 @@ def _memory(fp16s: float, fp32: float) -> list[dict]:
 
 
 def _cost(ratio: float) -> list[dict]:
-    row = {"storage": "FP32/FP16S", "backend": "native", "derivative": "xla"}
-    return [{**row, "ratio": ratio}]
+    row = {"storage": "FP32/FP16S", "backend": "native", "derivative": "native"}
+    return [{**row, "ratio": ratio, "target": True}]
 
 
 def test_targets_met_pass():
@@ -35,3 +35,15 @@ def test_missing_rows_fail_never_pass():
     ]
     other_size = [{**r, "n": 64} for r in _memory(1.0, 2.0)]
     assert check(other_size, _cost(1.0))[0].startswith("memory: no FP16S")
+
+
+def test_only_the_target_rows_are_checked():
+    xla = {"storage": "FP32/FP16S", "backend": "xla", "derivative": "xla"}
+    rows = [*_cost(COST_TARGET - 0.1), {**xla, "ratio": 12.0, "target": False}]
+    assert check(_memory(2.0, 4.0), rows) == []
+    assert check(_memory(2.0, 4.0), rows[1:]) == ["cost: no rows"]
+
+
+def test_cost_only_skips_the_memory_targets():
+    assert check(None, _cost(COST_TARGET - 0.1)) == []
+    assert [f.split(":")[0] for f in check(None, _cost(COST_TARGET + 1))] == ["cost"]

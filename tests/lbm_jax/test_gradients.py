@@ -162,7 +162,7 @@ def test_native_step_differentiates_as_the_xla_step():
         for b in ("native", "xla")
     ]
     assert sims[0].backend == "native"
-    assert sims[0].backends["derivative"] == "xla"
+    assert sims[0].backends["derivative"] == "native"  # its own adjoint
     u = 0.01 * jnp.sin(jnp.arange(8.0))[None, :, None, None] * jnp.ones((3, 8, 16, 8))
 
     def energy(sim, amp):
@@ -170,7 +170,8 @@ def test_native_step_differentiates_as_the_xla_step():
         return jnp.sum(sim.fields(state, which="velocity")[1] ** 2)
 
     native, xla = (jax.grad(functools.partial(energy, s))(1.0) for s in sims)
-    assert float(native) == float(xla) != 0.0
+    assert float(xla) != 0.0
+    np.testing.assert_allclose(float(native), float(xla), rtol=1e-5)
 
 
 # -- reverse mode through advance: checkpointed, every storage -----------------------
