@@ -21,7 +21,8 @@ from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _gpu, _gpu_inplace, _native
 from lbm_jax.step._backend import Backend, choose, parse_backend, with_derivative_of
-from lbm_jax.step._xla import make_step_into, make_whole_grid_step
+from lbm_jax.step._reference import REFERENCE_SLAB, make_reference_step
+from lbm_jax.step._xla import make_step_into
 from lbm_jax.step._xla_inplace import Streaming, make_advance_inplace
 
 __all__ = ["StepPlan", "plan_step"]
@@ -47,9 +48,11 @@ class StepPlan:
             or ``None`` when the fastest one for this machine runs.
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
             derivative is that of ``reference_step_into``.
-        reference_step_into: The XLA step over the whole grid at once
-            (``lbm_jax.step._xla.make_whole_grid_step``): the same values to
-            within rounding, the step every derivative takes.
+        reference_step_into: The XLA step every derivative takes
+            (``lbm_jax.step._reference.make_reference_step``): the same values
+            to within rounding, a ``lax.scan`` over slabs of at most
+            ``REFERENCE_SLAB`` x-planes whose body is ``jax.checkpoint``-ed, so
+            its derivative holds one slab's float32 working set.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
             with two buffers).
     """
@@ -131,8 +134,8 @@ def plan_step(
     }
     step_maker, inplace_maker = makers[chosen.backend]
     tiled = make_step_into(lattice, storage, model, local, slab, kernel_force)
-    reference = make_whole_grid_step(
-        lattice, storage, model, local, kernel_force, tiled
+    reference = make_reference_step(
+        lattice, storage, model, local, REFERENCE_SLAB, kernel_force, tiled
     )
     fast = step_maker(lattice, storage, model, local, slab, kernel_force)
     step_into = with_derivative_of(fast, reference)
