@@ -163,12 +163,42 @@ def moments(
         ``(rho, [j_x, j_y, ...])``, arrays of ``f``'s shape without ``axis``;
         ``j = sum_i c_i f_i`` (the shift cancels in the momentum).
     """
-    _, cs = direction_constants(lattice, f.dtype, f.ndim - 1, axis)
-    operands = (f,) + tuple(f * c for c in cs)
-    zero = np.zeros((), f.dtype)
-    sums = lax.reduce(operands, (zero,) * len(operands), _add_tuples, (axis,))
+    sums = _moment_sums(lattice, axis)(f)
     rho = sums[0] + 1 if shift else sums[0]
     return rho, list(sums[1:])
+
+
+def _moment_sums(lattice: Lattice, axis: int) -> Any:
+    """``f -> (sum_i f_i, sum_i c_ix f_i, ...)`` over ``axis`` by one variadic
+    ``lax.reduce`` (the forward step's one multi-output reduce).
+
+    The sums are linear, so their derivative is the same sums of the tangent,
+    written with ``jnp.sum`` (which transposes into a broadcast). JAX's own rule
+    for a variadic reduce evaluates primal and tangent through a tree of pads and
+    slices over the directions; in the reference step's adjoint that tree cost a
+    quarter of the step (0.25 against 0.19 CPU-s, D3Q19 64^3, slabs of 8).
+    """
+
+    def constants(f: jax.Array) -> list[np.ndarray]:
+        return direction_constants(lattice, f.dtype, f.ndim - 1, axis)[1]
+
+    @jax.custom_jvp
+    def sums(f: jax.Array) -> tuple[jax.Array, ...]:
+        operands = (f,) + tuple(f * c for c in constants(f))
+        zero = np.zeros((), f.dtype)
+        return tuple(
+            lax.reduce(operands, (zero,) * len(operands), _add_tuples, (axis,))
+        )
+
+    @sums.defjvp
+    def _linear(primals: tuple, tangents: tuple) -> tuple:
+        (f,), (df,) = primals, tangents
+        dsums = (jnp.sum(df, axis=axis),) + tuple(
+            jnp.sum(df * c, axis=axis) for c in constants(f)
+        )
+        return sums(f), dsums
+
+    return sums
 
 
 def healthy_cells(rho: jax.Array, j: list[jax.Array]) -> jax.Array:

@@ -21,7 +21,8 @@ from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step import _gpu, _gpu_inplace, _native, _native_adjoint
 from lbm_jax.step._backend import Backend, choose, parse_backend, with_derivative_of
-from lbm_jax.step._xla import make_step_into, make_whole_grid_step
+from lbm_jax.step._reference import REFERENCE_SLAB, make_reference_step
+from lbm_jax.step._xla import make_step_into
 from lbm_jax.step._xla_inplace import Streaming, make_advance_inplace
 
 __all__ = ["StepPlan", "plan_step"]
@@ -53,10 +54,12 @@ class StepPlan:
         step_into: The two-buffer step ``step_into(aux, f, g[, halos])``; its
             derivative is that of ``reference_step_into``, transposed by the
             native adjoint where ``backend_derivative`` is ``Backend.NATIVE``.
-        reference_step_into: The XLA step over the whole grid at once
-            (``lbm_jax.step._xla.make_whole_grid_step``): the same values to
-            within rounding, the step whose derivative every backend takes
-            except where the native adjoint transposes it.
+        reference_step_into: The XLA step whose derivative every backend takes
+            except where the native adjoint transposes it
+            (``lbm_jax.step._reference.make_reference_step``): the same values
+            to within rounding, a ``lax.scan`` over slabs of at most
+            ``REFERENCE_SLAB`` x-planes whose body is ``jax.checkpoint``-ed, so
+            its derivative holds one slab's float32 working set.
         differentiated_step_into: The step a checkpointed derivative runs:
             ``step_into`` with the native adjoint, else ``reference_step_into``.
         advance_inplace: The in-place multi-step loop, or ``None`` (streaming
@@ -146,8 +149,8 @@ def plan_step(
     }
     step_maker, inplace_maker = makers[chosen.backend]
     tiled = make_step_into(lattice, storage, model, local, slab, kernel_force)
-    reference = make_whole_grid_step(
-        lattice, storage, model, local, kernel_force, tiled
+    reference = make_reference_step(
+        lattice, storage, model, local, REFERENCE_SLAB, kernel_force, tiled
     )
     fast = step_maker(lattice, storage, model, local, slab, kernel_force)
     native = chosen.backend is Backend.NATIVE

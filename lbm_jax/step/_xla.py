@@ -19,6 +19,9 @@ Every pass over a slab hits cache, and the step reads the source buffer once and
 writes the destination buffer once. Source and destination must be different
 buffers (the pull reads neighbours); loops therefore run two steps per iteration,
 ``f -> g -> f``, so no buffer swap (a full-state copy in XLA) is needed.
+
+Derivatives take :mod:`lbm_jax.step._reference`'s step instead, which computes
+the same values from this module's :func:`make_relax`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from lbm_jax.step._layout import Halos
 
 __all__ = [
     "check_populations",
-    "make_whole_grid_step",
     "make_pull",
     "make_relax",
     "make_step_into",
@@ -133,51 +135,6 @@ def make_step_into(
             return slab_update(aux, f, g, x0, halos)
 
         return lax.fori_loop(0, num_slabs, body, g)
-
-    return step_into
-
-
-def make_whole_grid_step(
-    lattice: Lattice,
-    storage: StoragePolicy,
-    model: CollisionModel,
-    shape: tuple[int, ...],
-    constant_force: list[np.ndarray] | None,
-    tiled: Callable[..., jax.Array],
-) -> Callable[..., jax.Array]:
-    """Build the XLA step over the whole grid at once, the one derivatives take.
-
-    It computes what ``tiled`` (:func:`make_step_into`'s step) computes, to
-    within rounding (XLA fuses, and so orders the float32 sums, differently):
-    the same decoding, boundaries, collision and encoding (:func:`make_relax`),
-    with the pull as one ``jnp.roll`` per direction stacked along the direction
-    axis. Its derivative is cheap where the tiled
-    step's is not: a roll transposes into a roll, and no slab loop carries the
-    whole grid's cotangent. On a split grid (``halos`` given) ``tiled`` runs.
-    """
-    nx, rest = shape[0], shape[1:]
-    relax = make_relax(lattice, storage, model, nx, constant_force)
-    dirs = [tuple(int(v) for v in ci) for ci in lattice.c]
-    axes = tuple(range(len(shape)))
-
-    def step_into(
-        aux: Any, f: jax.Array, g: jax.Array, halos: Halos | None = None
-    ) -> jax.Array:
-        if halos is not None:
-            return tiled(aux, f, g, halos)
-        check_populations(f, (nx, lattice.q, *rest))
-        # decoded before the pull (decoding is elementwise: the same values), so
-        # the pull's derivative moves compute-dtype values; relax's decoding of
-        # them is the identity
-        fs = storage.decode(f)
-        pulled = jnp.stack(
-            [
-                jnp.roll(fs[:, i], ci, axis=axes) if any(ci) else fs[:, i]
-                for i, ci in enumerate(dirs)
-            ],
-            axis=1,
-        )
-        return relax(aux, jnp.zeros((), jnp.int32), pulled, fs)
 
     return step_into
 

@@ -33,6 +33,30 @@ def test_equilibrium_moments_reproduce_density_and_momentum(name, shift, x64):
         np.testing.assert_allclose(ja, rho * ua, atol=1e-15)
 
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_moments_derivatives_are_the_moments_of_the_tangent(axis, x64):
+    """The moments are linear (up to the shift's constant): forward mode gives
+    the unshifted moments of the tangent, and reverse mode is its transpose."""
+    lat = get_lattice("D3Q19")
+    rng = np.random.default_rng(3)
+    f, df = (
+        jnp.moveaxis(jnp.asarray(rng.normal(size=(19, 4, 3))), 0, axis)
+        for _ in range(2)
+    )
+
+    def fn(f):
+        rho, j = moments(lat, f, shift=True, axis=axis)
+        return jnp.stack([rho, *j])
+
+    primal, tangent = jax.jvp(fn, (f,), (df,))
+    np.testing.assert_allclose(primal, fn(f), rtol=1e-15)
+    rho, j = moments(lat, df, shift=False, axis=axis)
+    np.testing.assert_allclose(tangent, jnp.stack([rho, *j]), rtol=1e-14)
+    ct = jnp.asarray(rng.normal(size=primal.shape))
+    (back,) = jax.vjp(fn, f)[1](ct)
+    np.testing.assert_allclose(jnp.vdot(back, df), jnp.vdot(ct, tangent), rtol=1e-13)
+
+
 @pytest.mark.parametrize("name", LATTICES)
 def test_shifted_equilibrium_is_offset_by_weights(name, x64):
     lat = get_lattice(name)

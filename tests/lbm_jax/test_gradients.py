@@ -382,9 +382,9 @@ def test_emulated_fp16c_gradient_within_one_percent_of_float64(x64):
     ],
 )
 def test_the_differentiated_step_computes_the_tiled_steps_values(storage):
-    """The whole-grid XLA step that derivatives take equals the slab-tiled step
-    to within one rounding of the stored format (XLA fuses the two programs
-    differently; moving lid, solid walls, a force field)."""
+    """The step that derivatives take (two slabs of 6 planes here) equals the
+    slab-tiled step to within one rounding of the stored format (XLA fuses the
+    two programs differently; moving lid, solid walls, a force field)."""
     sim = lbm_jax.Simulation(
         "D2Q9",
         (12, 12),
