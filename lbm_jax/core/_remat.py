@@ -176,9 +176,10 @@ def jvp_of_perturbed(fun: Callable[..., Any], primals: tuple, tangents: tuple) -
 
     >>> import jax
     >>> f = jax.custom_jvp(lambda a, b: a * b)
-    >>> f.defjvp(lambda p, t: jvp_of_perturbed(lambda a, b: a * b, p, t),
-    ...          symbolic_zeros=True)
-    <function <lambda> at ...>
+    >>> rule = f.defjvp(
+    ...     lambda p, t: jvp_of_perturbed(lambda a, b: a * b, p, t),
+    ...     symbolic_zeros=True,
+    ... )
     >>> float(jax.grad(f)(2.0, 3.0))
     3.0
     """

@@ -63,8 +63,10 @@ from lbm_jax.step._native_build import LATTICES, NativeStepWarning, warn_fallbac
 from lbm_jax.step._xla import make_step_into
 
 __all__ = [
+    "ADJOINT_STORAGES",
     "MIN_PLANE_CELLS",
     "NativeStepWarning",
+    "adjoint_target",
     "available",
     "candidate",
     "covered_free_surface",
@@ -82,6 +84,17 @@ __all__ = [
 _STORAGES = {"fp32": "fp32", "fp16s": "fp16s", "bf16": "bf16", "fp16c": "fp16c"}
 
 
+#: Storages (short names) with an adjoint step (``_native/lbm_adjoint.cc``, called
+#: by :mod:`lbm_jax.step._native_adjoint`): those held in a floating-point dtype, the
+#: others carry no derivative (:mod:`lbm_jax.core._storage`).
+ADJOINT_STORAGES = ("fp32", "fp16s")
+
+
+def adjoint_target(lattice: str, storage: str) -> str:
+    """The adjoint step's FFI target (``_native/lbm_adjoint.cc``)."""
+    return f"lbm_adjoint_{lattice}_{storage}"
+
+
 def _build() -> tuple[Path | None, str]:
     """Build (or find in the cache) the library: ``(path, "")`` or ``(None, why)``."""
     return _native_build.build()
@@ -90,9 +103,6 @@ def _build() -> tuple[Path | None, str]:
 @functools.cache
 def _register(path: Path) -> str | None:
     """Load the library and register its FFI targets; why that failed, or None."""
-    # the adjoint's module builds on this one
-    from lbm_jax.step._native_adjoint import ADJOINT_STORAGES, adjoint_target
-
     try:
         lib = ctypes.CDLL(str(path))
         for lat in LATTICES:

@@ -30,23 +30,17 @@ from lbm_jax.core._collision import CollisionModel
 from lbm_jax.core._lattice import Lattice
 from lbm_jax.core._storage import StoragePolicy
 from lbm_jax.step._backend import Adjoint
-from lbm_jax.step._native import default_threads, unavailable_reason
+from lbm_jax.step._native import (
+    ADJOINT_STORAGES,
+    adjoint_target,
+    default_threads,
+    unavailable_reason,
+)
 
 __all__ = [
-    "ADJOINT_STORAGES",
-    "adjoint_target",
     "make_native_adjoint",
     "why_not_adjoint",
 ]
-
-#: Storages (short names) with an adjoint step: those held in a floating-point
-#: dtype, the others carry no derivative (:mod:`lbm_jax.core._storage`).
-ADJOINT_STORAGES = ("fp32", "fp16s")
-
-
-def adjoint_target(lattice: str, storage: str) -> str:
-    """The adjoint step's FFI target (``_native/lbm_adjoint.cc``)."""
-    return f"lbm_adjoint_{lattice}_{storage}"
 
 
 def why_not_adjoint(

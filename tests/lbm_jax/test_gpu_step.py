@@ -30,6 +30,7 @@ from ._gpu_pairs import gpu_twin
 class _Aux(NamedTuple):
     boundary: BoundaryData
     force: Any
+    solid_fraction: Any = None  # no gray cells
 
 
 def _walls(shape):

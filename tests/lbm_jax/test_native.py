@@ -27,6 +27,7 @@ pytestmark = [
 class _Aux(NamedTuple):
     boundary: BoundaryData
     force: Any
+    solid_fraction: Any = None  # no gray cells
 
 
 AUX = _Aux(BoundaryData(None, None, None, None), None)
