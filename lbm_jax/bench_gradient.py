@@ -125,7 +125,7 @@ def _step_seconds(sim: lbm_jax.Simulation, n: int, repeats: int) -> tuple[float,
     )
 
 
-def cost(n: int, *, repeats: int = 5) -> list[dict[str, Any]]:
+def cost(n: int, *, repeats: int = 25) -> list[dict[str, Any]]:
     """Seconds of one forward and one vector-Jacobian step, per backend (FP32 and
     FP16S storage), measured side by side."""
     rows = []
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cost-n", type=int, default=64, help="cube side of the cost rows"
     )
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument(
         "--run",
         action="store_true",
