@@ -5,7 +5,7 @@ The XLA path of :mod:`lbm_jax.step._xla` is the reference and the fallback. This
 module builds a small C++ library from three sources,
 ``lbm_jax/step/_native/lbm_step.cc`` (the plain step: the same step as the XLA
 path bit for bit, in one pass over memory), ``lbm_jax/step/_native/lbm_adjoint.cc``
-(its adjoint, which :mod:`lbm_jax.step._native_adjoint` calls) and
+(its adjoint, which ``lbm_jax.step._native_adjoint`` calls) and
 ``lbm_jax/step/_native/lbm_free_surface.cc`` (the step of
 :class:`lbm_jax.free_surface.FreeSurface`, equal to its XLA step to round-off; see
 :func:`make_native_free_surface_step`), sharing the codecs of
@@ -85,7 +85,7 @@ _STORAGES = {"fp32": "fp32", "fp16s": "fp16s", "bf16": "bf16", "fp16c": "fp16c"}
 
 
 #: Storages (short names) with an adjoint step (``_native/lbm_adjoint.cc``, called
-#: by :mod:`lbm_jax.step._native_adjoint`): those held in a floating-point dtype, the
+#: by ``lbm_jax.step._native_adjoint``): those held in a floating-point dtype, the
 #: others carry no derivative (:mod:`lbm_jax.core._storage`).
 ADJOINT_STORAGES = ("fp32", "fp16s")
 

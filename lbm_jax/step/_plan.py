@@ -43,7 +43,7 @@ class StepPlan:
             step's in-place loop.
         backend_derivative: The backend whose derivative ``jax.grad`` and
             ``jax.vjp`` take: ``Backend.NATIVE`` where the native step's adjoint
-            (:mod:`lbm_jax.step._native_adjoint`) covers the configuration (the
+            (``lbm_jax.step._native_adjoint``) covers the configuration (the
             native step then runs under differentiation, and ``jax.jvp`` takes
             the XLA step's derivative), else ``Backend.XLA`` (the XLA step runs
             under differentiation, primal and derivative).
