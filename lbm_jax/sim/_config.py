@@ -242,8 +242,13 @@ def _plan(
 def _solid_in_layout(ns: ArrayLike, pol: StoragePolicy) -> jax.Array:
     """A grid-shaped solid fraction in the compute dtype, layout ``(X, 1, ...)``."""
     dtype = pol.compute_dtype
-    arr = ns.astype(dtype) if isinstance(ns, np.ndarray) else jnp.asarray(ns)
-    return to_layout(jnp.asarray(arr).astype(dtype)[None])
+    # host values are cast on the host (float64 -> compute dtype, whatever x64 says)
+    arr = (
+        ns.astype(dtype)
+        if isinstance(ns, np.ndarray)
+        else jnp.asarray(ns).astype(dtype)
+    )
+    return to_layout(jnp.asarray(arr)[None])
 
 
 def _in_layout(bnd: BoundaryData) -> BoundaryData:

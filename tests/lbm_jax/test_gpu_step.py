@@ -9,7 +9,6 @@ for bit.
 """
 
 import dataclasses
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,16 +20,11 @@ from experiments.gpu_lbm_check import within_rounding
 from lbm_jax import CellType, get_lattice, get_storage
 from lbm_jax.core._boundaries import BoundaryData
 from lbm_jax.core._collision import parse_collision
+from lbm_jax.sim._config import StepArrays
 from lbm_jax.step import _gpu
 from lbm_jax.step._xla import make_step_into
 
 from ._gpu_pairs import gpu_twin
-
-
-class _Aux(NamedTuple):
-    boundary: BoundaryData
-    force: Any
-    solid_fraction: Any = None  # no gray cells
 
 
 def _walls(shape):
@@ -178,7 +172,7 @@ def test_gpu_step_with_x_ghost_planes():
     force = [np.float32(1e-5), np.float32(0.0), np.float32(-1e-5)]
     sim = lbm_jax.Simulation("D3Q19", shape, tau=0.7, storage="fp16s", backend="xla")
     f = sim.advance(sim.init(u=_flow(3)), 2).f
-    aux = _Aux(BoundaryData(None, None, None, None), None)
+    aux = StepArrays(BoundaryData(None, None, None, None), None)
     whole = make_step_into(lat, storage, model, shape, shape[0], force)
     expected = whole(aux, f, jnp.zeros_like(f))
     local = (half, *shape[1:])
@@ -214,7 +208,7 @@ def test_gpu_step_with_the_smagorinsky_model(collision, storage):
     u[1] = 0.03 * np.cos(2 * np.pi * np.arange(shape[0]) / shape[0])[:, None]
     f = sim.advance(sim.init(u=u), 2).f
     force = [np.float32(1e-5), np.float32(-2e-5)]
-    aux = _Aux(BoundaryData(None, None, None, None), None)
+    aux = StepArrays(BoundaryData(None, None, None, None), None)
     expected = make_step_into(lat, pol, model, shape, shape[0], force)(
         aux, f, jnp.zeros_like(f)
     )

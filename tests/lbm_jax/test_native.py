@@ -1,7 +1,5 @@
 """The native step (``jax.ffi``): bit identity with the XLA step, coverage, build."""
 
-from typing import Any, NamedTuple
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +9,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from lbm_jax import get_lattice, get_storage
 from lbm_jax.core._boundaries import BoundaryData, CellType, build_boundary
 from lbm_jax.core._collision import equilibrium, parse_collision
+from lbm_jax.sim._config import StepArrays
 from lbm_jax.step import _native
 from lbm_jax.step._layout import default_slab, to_layout
 from lbm_jax.step._xla import make_step_into
@@ -24,13 +23,7 @@ pytestmark = [
 ]
 
 
-class _Aux(NamedTuple):
-    boundary: BoundaryData
-    force: Any
-    solid_fraction: Any = None  # no gray cells
-
-
-AUX = _Aux(BoundaryData(None, None, None, None), None)
+AUX = StepArrays(BoundaryData(None, None, None, None), None)
 BGK = parse_collision("bgk", 0.8, 3 / 16)
 
 # every lattice x storage the native step covers; odd row lengths exercise the
@@ -111,7 +104,7 @@ def test_native_step_with_boundaries_bit_identical(lattice, storage, shape):
     inflow = np.zeros((lat.d, *shape))
     inflow[1] = 0.02
     bnd = build_boundary(lat, pol, cell_type, wall_velocity, np.ones(shape), inflow)
-    aux = _Aux(BoundaryData(*(to_layout(a) for a in bnd)), None)
+    aux = StepArrays(BoundaryData(*(to_layout(a) for a in bnd)), None)
     f = _state(lat, pol, shape, seed=2)
     xla = make_step_into(lat, pol, BGK, shape, default_slab(lat, shape, 4), None)
     native = _native.make_native_step_into(lat, pol, BGK, shape)
@@ -215,7 +208,7 @@ def test_native_entry_checks_every_buffer():
         jax.block_until_ready(native(AUX, f, f[:1]))
     n = f.size
     bounce = jnp.zeros(n, jnp.float32)  # should be bool
-    aux = _Aux(BoundaryData(bounce, jnp.zeros(n, jnp.float32), None, None), None)
+    aux = StepArrays(BoundaryData(bounce, jnp.zeros(n, jnp.float32), None, None), None)
     with pytest.raises(jax.errors.JaxRuntimeError, match="must be bool"):
         jax.block_until_ready(native(aux, f, jnp.zeros_like(f)))
 
@@ -243,7 +236,9 @@ def test_native_step_constant_force_bit_identical():
     wall_velocity[0] = 0.05
     zero = np.zeros((2, *shape))
     bnd = build_boundary(lat, pol, cell_type, wall_velocity, np.ones(shape), zero)
-    aux = _Aux(BoundaryData(*(None if a is None else to_layout(a) for a in bnd)), None)
+    aux = StepArrays(
+        BoundaryData(*(None if a is None else to_layout(a) for a in bnd)), None
+    )
     f = _state(lat, pol, shape, seed=3)
     xla = make_step_into(lat, pol, BGK, shape, 4, force)
     native = _native.make_native_step_into(lat, pol, BGK, shape, None, force)
@@ -261,7 +256,7 @@ def test_native_step_force_field_runs_xla_step():
     lat, pol = get_lattice("D2Q9"), get_storage("fp16s")
     shape = (4, 136)
     field = np.random.default_rng(5).standard_normal((2, *shape)) * 1e-4
-    aux = _Aux(AUX.boundary, jnp.asarray(field, jnp.float32))
+    aux = StepArrays(AUX.boundary, jnp.asarray(field, jnp.float32))
     native = _native.make_native_step_into(lat, pol, BGK, shape)
     f = _state(lat, pol, shape, seed=5)
     text = jax.jit(lambda f, g: native(aux, f, g)).lower(f, f).as_text()
